@@ -120,12 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="code-completion benchmark: plain vs HF assisted vs our strategies")
     add_model_args(p)
-    p.add_argument("--strategies", default="plain,hf-assisted,hf-lookup,lookup,draft,auto",
-                   help="comma-separated; plain/hf-* are the baselines")
+    p.add_argument("--strategies", default="hf-plain,hf-assisted,hf-lookup,plain,lookup,draft,auto",
+                   help="comma-separated; the first is the speedup baseline; hf-* are HF generate baselines")
     p.add_argument("--languages", default="", help="comma-separated subset (default: all)")
     p.add_argument("--holes", type=int, default=0, help="at most this many holes per language (0: all)")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-draft", type=int, default=8)
+    p.add_argument("--max-prefix-tokens", type=int, default=512)
+    p.add_argument("--max-suffix-tokens", type=int, default=128)
     p.add_argument("--output", default="bench-results/bench.json")
     p.add_argument("--cold", action="store_true", help="no warm previous-keystroke request for our strategies")
     p.set_defaults(func=cmd_bench)

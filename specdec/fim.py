@@ -94,19 +94,24 @@ def build(tokenizer, template: FimTemplate, prefix: str, suffix: str, path: str 
     return FimPrompt(head + body + tail, len(prefix_ids), len(suffix_ids))
 
 
-def _trim_prefix(tokenizer, prefix: str, budget: int) -> list[int]:
-    """Keep the last whole lines that fit the budget; a stable cut point keeps the KV cache valid."""
-    text = prefix[-budget * 8 :]
-    if len(text) < len(prefix):
-        newline = text.find("\n")
-        text = text[newline + 1 :] if newline >= 0 else text
+def _trim_prefix(tokenizer, prefix: str, budget: int, grid: int = 16) -> list[int]:
+    """The last whole lines that fit the budget, starting on a line number that is a multiple of `grid`.
+
+    Lines before the cursor's line do not change while the user types on it, so the cut
+    point, and with it every cached token of the prompt before the cursor, stays put.
+    """
+    lines = prefix.split("\n")
+    counts = []
+    total = 0
+    for line in reversed(lines):  # per-line counts from the cursor backwards, until the budget is spent
+        n = len(tokenizer.encode(line[-budget * 8 :] + "\n", add_special_tokens=False))
+        if total + n > budget and counts:
+            break
+        counts.append(n)
+        total += n
+    start = len(lines) - len(counts)
+    if start > 0:
+        start = min(len(lines) - 1, -(-start // grid) * grid)  # round up to the grid
+    text = "\n".join(lines[start:])
     ids = tokenizer.encode(text, add_special_tokens=False) if text else []
-    while len(ids) > budget:
-        # drop ~ the overflow's worth of lines from the top, then re-encode
-        lines = text.split("\n")
-        share = max(1, int(len(lines) * (len(ids) - budget) / len(ids)))
-        if len(lines) <= 1:
-            return ids[-budget:]
-        text = "\n".join(lines[share:])
-        ids = tokenizer.encode(text, add_special_tokens=False) if text else []
-    return ids
+    return ids[-budget:] if len(ids) > budget else ids

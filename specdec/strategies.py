@@ -25,7 +25,12 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
             raise SpecdecError("strategy 'draft' needs a draft model (--draft)")
         return lookup
     model = DraftModel(draft_model, DraftLength(k_max=max_draft, adaptive=adaptive))
-    return model if strategy == "draft" else Composite(lookup, model)
+    if strategy == "draft":
+        return model
+    # In front of a draft model, lookup speaks only on a real repeat: a 1-2 token match is mostly noise.
+    confident = PromptLookup(max_ngram=4, min_ngram=3,
+                             length=DraftLength(k_max=max_draft, draft_cost=0.0, acceptance=0.6, adaptive=adaptive))
+    return Composite(confident, model)
 
 
 def make_session(target, tokenizer, strategy: str, draft_model=None, stop_token_ids=(), adaptive: bool = True,

@@ -1,0 +1,189 @@
+"""`specdec bench`: plain greedy vs HF assisted generation vs our strategies on one workload.
+
+Baselines (`hf-plain`, `hf-assisted`, `hf-lookup`) are HF `generate` calls, cold, as a
+completion request without a server would run. Our strategies run as the language
+server runs them: the session already served the previous keystroke (same file, cursor
+one character earlier), so only the changed tail of the prompt is prefilled; `--cold`
+resets the session before every request instead. All requests are greedy, so every
+output can be compared token for token with `hf-plain`.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import time
+from pathlib import Path
+
+HF = ("hf-plain", "hf-assisted", "hf-lookup")
+OURS = ("plain", "lookup", "draft", "auto")
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def hf_generate(strategy: str, target, draft, prompt: list[int], max_new: int, stops: set[int]):
+    import torch
+
+    ids = torch.tensor([prompt])
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                  eos_token_id=sorted(stops), pad_token_id=sorted(stops)[0])
+    if strategy == "hf-assisted":
+        kwargs["assistant_model"] = draft
+    elif strategy == "hf-lookup":
+        kwargs["prompt_lookup_num_tokens"] = 10
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = target.generate(ids, **kwargs)[0, len(prompt):].tolist()
+    seconds = time.perf_counter() - start
+    for i, token in enumerate(out):
+        if token in stops:
+            out = out[:i]
+            break
+    return out, seconds
+
+
+def run_bench(args) -> int:
+    from specdec.bench.workload import SOURCES, load_workload
+    from specdec.completion import Completer
+    from specdec.engine import GenerationConfig, Session
+    from specdec.errors import SpecdecError
+    from specdec.models import load_pair
+    from specdec.strategies import make_drafter
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in HF + OURS]
+    if unknown:
+        raise SpecdecError(f"unknown strategies {unknown}; known: {', '.join(HF + OURS)}")
+    languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
+    holes = load_workload(languages, args.holes or 2)
+    needs_draft = any(s in ("hf-assisted", "draft", "auto") for s in strategies)
+    pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
+                     adapter=args.adapter)
+    target, tokenizer = pair.target.model, pair.target.tokenizer
+    draft = pair.draft.model if pair.draft else None
+    completer = Completer.for_session(Session(target, tokenizer), max_prefix_tokens=args.max_prefix_tokens,
+                                      max_suffix_tokens=args.max_suffix_tokens)
+    session = completer.session
+    stops = set(session.stop_token_ids)
+    drafters = {s: make_drafter(s, draft, max_draft=args.max_draft) for s in strategies if s in OURS}
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_draft=args.max_draft)
+
+    session.generate(tokenizer.encode("def warm_up():\n    return"), GenerationConfig(4))  # threads, allocator
+    session.reset()
+    rows = []
+    print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({args.dtype}), "
+          f"draft {args.draft if needs_draft else '-'} ({args.draft_quant})", flush=True)
+    for hole in holes:
+        prompt = completer.prompt(hole.prefix, hole.suffix).ids
+        previous = completer.prompt(hole.prefix[:-1], hole.suffix).ids
+        reference = None
+        for strategy in strategies:
+            row = {"hole": hole.name, "language": hole.language, "strategy": strategy, "prompt_tokens": len(prompt)}
+            if strategy in HF:
+                tokens, seconds = hf_generate(strategy, target, draft, prompt, args.max_new_tokens, stops)
+                row.update(seconds=seconds, new_tokens=len(tokens), mode="cold")
+            else:
+                session.drafter, session.strategy = drafters[strategy], strategy
+                if args.cold:
+                    session.reset()
+                else:  # the previous keystroke's request, untimed, leaves the caches as a server would
+                    session.generate(previous, GenerationConfig(max_new_tokens=1))
+                result = session.generate(prompt, config)
+                tokens, s = result.tokens, result.stats
+                row.update(seconds=s.seconds, new_tokens=len(tokens), mode="cold" if args.cold else "warm",
+                           target_passes=s.target_passes, drafted=s.drafted, accepted=s.accepted,
+                           acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass,
+                           prefill_reused=s.prefill_reused, prefill_computed=s.prefill_computed,
+                           prefill_seconds=s.prefill_seconds, draft_seconds=s.draft_seconds,
+                           verify_seconds=s.verify_seconds, drafted_by=s.drafted_by, accepted_by=s.accepted_by)
+            if reference is None:
+                reference = tokens
+            row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
+            row["equals_plain"] = tokens == reference
+            row["peak_rss_mb"] = round(peak_rss_mb())
+            row["text"] = tokenizer.decode(tokens)
+            rows.append(row)
+            print(f"  {hole.name:28} {strategy:12} {row['new_tokens']:3d} tok {row['seconds']:6.2f}s "
+                  f"{row['tokens_per_second']:5.2f} tok/s equal={row['equals_plain']}", flush=True)
+
+    summary = summarize(rows, strategies)
+    print_tables(summary, strategies)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "config": {k: v for k, v in vars(args).items() if k != "func"},
+        "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,
+                     "license": s.license, "project": s.project} for s in SOURCES],
+        "peak_rss_mb": round(peak_rss_mb()),
+        "summary": summary,
+        "rows": rows,
+    }, indent=2))
+    print(f"\nwrote {out}; peak RSS {peak_rss_mb():.0f} MB")
+    return 0
+
+
+def summarize(rows: list[dict], strategies: list[str]) -> dict:
+    baseline = strategies[0]
+    base = {r["hole"]: r["tokens_per_second"] for r in rows if r["strategy"] == baseline}
+    assisted = {r["hole"]: r["tokens_per_second"] for r in rows if r["strategy"] == "hf-assisted"}
+    for r in rows:
+        r["speedup"] = r["tokens_per_second"] / base[r["hole"]] if base.get(r["hole"]) else None
+        r["vs_hf_assisted"] = r["tokens_per_second"] / assisted[r["hole"]] if assisted.get(r["hole"]) else None
+
+    def aggregate(subset: list[dict]) -> dict:
+        speedups = [r["speedup"] for r in subset if r["speedup"]]
+        vs_assisted = [r["vs_hf_assisted"] for r in subset if r["vs_hf_assisted"]]
+        drafted = sum(r.get("drafted", 0) for r in subset)
+        passes = sum(r.get("target_passes", 0) for r in subset)
+        return {
+            "holes": len(subset),
+            "tokens_per_second_median": statistics.median(r["tokens_per_second"] for r in subset),
+            "seconds_median": statistics.median(r["seconds"] for r in subset),
+            "speedup_median": statistics.median(speedups) if speedups else None,
+            "speedup_min": min(speedups) if speedups else None,
+            "vs_hf_assisted_median": statistics.median(vs_assisted) if vs_assisted else None,
+            "acceptance_rate": sum(r.get("accepted", 0) for r in subset) / drafted if drafted else None,
+            "tokens_per_pass": sum(r["new_tokens"] for r in subset) / passes if passes else None,
+            "equal_to_plain": sum(r["equals_plain"] for r in subset) / len(subset),
+            "prefill_reused": sum(r.get("prefill_reused", 0) for r in subset),
+            "prefill_computed": sum(r.get("prefill_computed", 0) for r in subset),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in subset),
+        }
+
+    languages = sorted({r["language"] for r in rows})
+    return {
+        "baseline": baseline,
+        "overall": {s: aggregate([r for r in rows if r["strategy"] == s]) for s in strategies},
+        "per_language": {lang: {s: aggregate([r for r in rows if r["strategy"] == s and r["language"] == lang])
+                                for s in strategies} for lang in languages},
+    }
+
+
+def _fmt(value, spec: str) -> str:
+    return format(value, spec) if value is not None else "-"
+
+
+def print_tables(summary: dict, strategies: list[str]) -> None:
+    print(f"\nOverall (speedup vs {summary['baseline']}, per-hole tokens/s ratios)")
+    print(f"{'strategy':12} {'tok/s':>6} {'speedup':>8} {'min':>6} {'vs-assist':>9} {'accept':>7} {'tok/pass':>8} "
+          f"{'=plain':>7} {'reused':>7} {'RSS MB':>7}")
+    for s in strategies:
+        a = summary["overall"][s]
+        reused = a["prefill_reused"] / (a["prefill_reused"] + a["prefill_computed"]) \
+            if a["prefill_reused"] + a["prefill_computed"] else None
+        print(f"{s:12} {a['tokens_per_second_median']:6.2f} {_fmt(a['speedup_median'], '8.2f')} "
+              f"{_fmt(a['speedup_min'], '6.2f')} {_fmt(a['vs_hf_assisted_median'], '9.2f')} "
+              f"{_fmt(a['acceptance_rate'], '7.2f')} {_fmt(a['tokens_per_pass'], '8.2f')} "
+              f"{a['equal_to_plain']:7.0%} {_fmt(reused, '7.0%')} {a['peak_rss_mb']:7d}")
+    print("\nPer language: median speedup (acceptance)")
+    print(f"{'language':12} " + " ".join(f"{s:>14}" for s in strategies))
+    for lang, per in summary["per_language"].items():
+        cells = []
+        for s in strategies:
+            a = per[s]
+            acc = f"({a['acceptance_rate']:.2f})" if a["acceptance_rate"] is not None else ""
+            cells.append(f"{_fmt(a['speedup_median'], '.2f') + acc:>14}")
+        print(f"{lang:12} " + " ".join(cells))

@@ -1,0 +1,161 @@
+"""The benchmark's fixed code-completion workload: FIM holes cut from real source files.
+
+The files belong to other open-source projects and are not shipped here: each is pinned
+to a package version on a registry this project's machines reach (PyPI sdists, npm
+tarballs, Debian packages), fetched once and cached. A hole removes the rest of a line
+and up to three following lines, as when a user is writing new code there; holes are
+chosen by a seeded generator, so every run sees the same workload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+from specdec.paths import cache_dir
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    language: str
+    registry: str  # "pypi" (sdist), "npm" (tarball) or "deb" (Debian package)
+    package: str  # pinned: name==version, name@version, name=version
+    member: str  # path inside the archive
+    license: str
+    project: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.language}:{Path(self.member).name}"
+
+
+SOURCES: tuple[SourceFile, ...] = (
+    SourceFile("python", "pypi", "requests==2.32.3", "requests-2.32.3/src/requests/sessions.py", "Apache-2.0",
+               "psf/requests"),
+    SourceFile("javascript", "npm", "semver@7.7.2", "package/classes/range.js", "ISC", "npm/node-semver"),
+    SourceFile("typescript", "npm", "zod@4.1.12", "package/src/v4/core/util.ts", "MIT", "colinhacks/zod"),
+    SourceFile("go", "deb", "golang-github-pkg-errors-dev=0.9.1-2",
+               "./usr/share/gocode/src/github.com/pkg/errors/errors.go", "BSD-2-Clause", "pkg/errors"),
+    SourceFile("rust", "deb", "librust-memchr-dev=2.5.0-1",
+               "./usr/share/cargo/registry/memchr-2.5.0/src/memchr/fallback.rs", "MIT OR Unlicense",
+               "BurntSushi/memchr"),
+    SourceFile("java", "pypi", "JPype1==1.6.0",
+               "jpype1-1.6.0/native/jpype_module/src/main/java/org/jpype/JPypeContext.java", "Apache-2.0",
+               "jpype-project/jpype"),
+    SourceFile("cpp", "pypi", "pybind11==3.0.1", "pybind11-3.0.1/include/pybind11/buffer_info.h", "BSD-3-Clause",
+               "pybind/pybind11"),
+)
+
+
+def _download(source: SourceFile, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    if source.registry == "pypi":
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(folder),
+               source.package]
+    elif source.registry == "npm":
+        cmd = ["npm", "pack", "-q", source.package, "--pack-destination", str(folder)]
+    elif source.registry == "deb":
+        cmd = ["apt-get", "download", "-q", source.package]
+    else:
+        raise SpecdecError(f"unknown registry {source.registry}")
+    if shutil.which(cmd[0]) is None and cmd[0] != sys.executable:
+        raise SpecdecError(f"{cmd[0]} is needed to fetch the {source.language} benchmark source ({source.package})")
+    before = set(folder.iterdir())
+    result = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SpecdecError(f"fetching {source.package} failed: {(result.stderr or result.stdout).strip()[-300:]}")
+    new = [p for p in set(folder.iterdir()) - before if p.is_file()]
+    if not new:  # pip reuses a file that is already there
+        stem = source.package.split("=")[0].split("@")[0].lower().replace("_", "-")
+        new = [p for p in folder.iterdir() if p.name.lower().replace("_", "-").startswith(stem)]
+    if not new:
+        raise SpecdecError(f"fetching {source.package} produced no archive")
+    return max(new, key=lambda p: p.stat().st_mtime)
+
+
+def _extract(archive: Path, member: str) -> bytes:
+    if archive.suffix == ".deb":
+        data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(archive)], capture_output=True, check=True).stdout
+        import io
+
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            return tf.extractfile(member).read()
+    with tarfile.open(archive) as tf:
+        return tf.extractfile(member).read()
+
+
+def fetch(source: SourceFile) -> str:
+    """The source file's text, from the cache or its registry."""
+    folder = cache_dir() / "bench-sources"
+    key = hashlib.sha256(f"{source.package}:{source.member}".encode()).hexdigest()[:12]
+    cached = folder / f"{source.language}-{key}-{Path(source.member).name}"
+    if not cached.is_file():
+        archive = _download(source, folder / "archives")
+        try:
+            data = _extract(archive, source.member)
+        except (KeyError, tarfile.TarError, subprocess.CalledProcessError) as exc:
+            raise SpecdecError(f"{source.member} not found in {archive.name}: {exc}") from None
+        cached.write_bytes(data)
+    return cached.read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Hole:
+    source: SourceFile
+    index: int
+    prefix: str
+    suffix: str
+    middle: str  # what the original file had there (reference only; losslessness is checked against plain)
+    line: int
+
+    @property
+    def language(self) -> str:
+        return self.source.language
+
+    @property
+    def name(self) -> str:
+        return f"{self.source.name}#{self.index}"
+
+
+def cut_holes(source: SourceFile, text: str, count: int, seed: int = 0) -> list[Hole]:
+    """`count` holes: alternately at a line's first non-blank character and mid-line after a token."""
+    lines = text.split("\n")
+    comment = ("#", "//", "/*", "*", '"""', "'''")
+    candidates = [
+        i for i, line in enumerate(lines)
+        if len(lines) * 0.25 <= i < len(lines) - 4 and len(line.strip()) >= 16
+        and not line.strip().startswith(comment)
+    ]
+    rng = random.Random(f"{source.package}:{source.member}:{seed}")
+    holes = []
+    for n, i in enumerate(sorted(rng.sample(candidates, min(count, len(candidates))))):
+        line = lines[i]
+        indent = len(line) - len(line.lstrip())
+        col = indent
+        if n % 2 == 1:  # mid-line: after the first word-like token
+            rest = line[indent:]
+            j = next((k for k, ch in enumerate(rest) if not (ch.isalnum() or ch == "_")), len(rest))
+            col = indent + max(1, j)
+        end_line = min(len(lines) - 1, i + rng.randint(0, 3))
+        start = sum(len(l) + 1 for l in lines[:i]) + col
+        end = sum(len(l) + 1 for l in lines[: end_line + 1]) - 1  # the removed span ends before a newline
+        holes.append(Hole(source, n, text[:start], text[end:], text[start:end], i + 1))
+    return holes
+
+
+def load_workload(languages: list[str] | None = None, holes_per_file: int = 2) -> list[Hole]:
+    holes = []
+    for source in SOURCES:
+        if languages and source.language not in languages:
+            continue
+        holes.extend(cut_holes(source, fetch(source), holes_per_file))
+    if not holes:
+        raise SpecdecError(f"no benchmark holes for languages {languages}")
+    return holes

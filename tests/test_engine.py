@@ -1,0 +1,179 @@
+"""Greedy speculative decoding is token-identical to plain greedy, for every drafter."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specdec.adaptive import DraftLength
+from specdec.draft_model import DraftModel
+from specdec.drafting import Composite
+from specdec.engine import CancelToken, GenerationConfig, Session, greedy_reference
+from specdec.errors import SpecdecError
+from specdec.models import check_same_tokenizer
+from specdec.prompt_lookup import PromptLookup
+from specdec.strategies import make_session
+
+MAX_NEW = 24
+
+
+def drafters(target, unrelated, kind, adaptive=True):
+    length = lambda: DraftLength(k_max=5, adaptive=adaptive)  # noqa: E731
+    return {
+        "same": lambda: DraftModel(target, length()),
+        "unrelated": lambda: DraftModel(unrelated, length()),
+        "lookup": lambda: PromptLookup(length=length()),
+        "composite": lambda: Composite(PromptLookup(length=length()), DraftModel(unrelated, length())),
+    }[kind]()
+
+
+def generate(session, prompt, max_new=MAX_NEW, **kw):
+    return session.generate(prompt, GenerationConfig(max_new_tokens=max_new, max_draft=5), **kw)
+
+
+@pytest.fixture(scope="module")
+def reference(target, tok):
+    cache = {}
+
+    def ref(prompt):
+        key = tuple(prompt)
+        if key not in cache:
+            cache[key] = greedy_reference(target, prompt, MAX_NEW, {tok.eos_token_id})
+        return cache[key]
+
+    return ref
+
+
+def test_plain_equals_hf_generate(target, tok, reference):
+    prompt = tok.encode("def add(a, b):\n    return")
+    out = generate(Session(target, tok), prompt)
+    assert out.tokens == reference(prompt)
+    assert out.stats.tokens_per_pass == 1.0
+
+
+@pytest.mark.parametrize("kind", ["same", "unrelated", "lookup", "composite"])
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_speculative_greedy_equals_plain(target, unrelated_draft, tok, reference, kind, adaptive):
+    session = Session(target, tok, drafters(target, unrelated_draft, kind, adaptive))
+    for text in ["def add(a, b):\n    return", "class Point:\n    def", "for i in range(10):\n  "]:
+        prompt = tok.encode(text)
+        out = generate(session, prompt)
+        assert out.tokens == reference(prompt), (kind, text)
+        assert out.stats.target_passes <= len(out.tokens) + 1
+
+
+def test_draft_equal_to_target_accepts_everything(target, tok):
+    session = Session(target, tok, DraftModel(target, DraftLength(k_max=4, adaptive=False)))
+    out = generate(session, tok.encode("import os\nimport"), max_new=21)
+    s = out.stats
+    assert s.drafted > 0 and s.accepted == s.drafted
+    assert s.tokens_per_pass > 3.5  # 5 tokens per verify pass, one from prefill
+
+
+def test_unrelated_draft_is_mostly_rejected_and_shrinks(target, unrelated_draft, tok):
+    draft = DraftModel(unrelated_draft, DraftLength(k_max=8))
+    out = generate(Session(target, tok, draft), tok.encode("fn main() {"), max_new=30)
+    assert out.stats.acceptance_rate < 0.3
+    assert draft.length.next_k(8) <= 2  # adaptation made the bad draft cheap
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=st.lists(st.integers(min_value=8, max_value=360), min_size=1, max_size=40),
+       kind=st.sampled_from(["same", "unrelated", "lookup", "composite"]),
+       reuse=st.booleans())
+def test_property_greedy_lossless(target, unrelated_draft, tok, prompt, kind, reuse):
+    """Any prompt, any drafter, cold or with the cache of a previous prompt sharing a prefix."""
+    expected = greedy_reference(target, prompt, 12, {tok.eos_token_id})
+    session = Session(target, tok, drafters(target, unrelated_draft, kind))
+    if reuse:
+        generate(session, prompt[: max(1, len(prompt) // 2)] + [17, 18], max_new=6)
+    out = generate(session, prompt, max_new=12)
+    assert out.tokens == expected
+    if reuse and len(prompt) >= 4:
+        assert out.stats.prefill_reused >= len(prompt) // 2 - 1
+
+
+def test_prefix_reuse_prefills_only_the_new_suffix(target, unrelated_draft, tok, reference):
+    session = make_session(target, tok, "auto", unrelated_draft)
+    first = tok.encode("class Point:\n    def __init__(self, x, y):\n        self.x = x\n")
+    generate(session, first, max_new=4)
+    second = first + tok.encode("        self")
+    out = generate(session, second)
+    assert out.stats.prefill_reused == len(first)
+    assert out.stats.prefill_computed == len(second) - len(first)
+    assert out.stats.draft_prefill_computed <= len(second) - len(first) + MAX_NEW
+    assert out.tokens == reference(second)
+
+
+@pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto"])
+def test_stop_tokens_and_predicate_honoured_by_every_strategy(target, unrelated_draft, tok, reference, strategy):
+    prompt = tok.encode("def add(a, b):\n    return")
+    full = reference(prompt)
+    stop_at = full[5]
+    first = full.index(stop_at)
+    session = make_session(target, tok, strategy, unrelated_draft, stop_token_ids={stop_at})
+    out = generate(session, prompt)
+    assert out.stop_reason == "eos" and out.tokens == full[:first]
+
+    session = make_session(target, tok, strategy, unrelated_draft)
+    cut_text = tok.decode(full[:4])
+    out = generate(session, prompt, stop=lambda text: len(cut_text) if len(text) >= len(cut_text) else None)
+    assert out.stop_reason == "stop" and out.text == cut_text
+
+
+@pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto"])
+def test_cancel_returns_within_one_step(target, unrelated_draft, tok, strategy):
+    cancel = CancelToken()
+    seen = []
+
+    def stop(text):  # called once per verified step; cancel from "outside" after the 3rd
+        seen.append(text)
+        if len(seen) == 3:
+            cancel.cancel()
+        return None
+
+    session = make_session(target, tok, strategy, unrelated_draft)
+    out = generate(session, tok.encode("for i in range(10):"), max_new=200, stop=stop, cancel=cancel)
+    assert out.stop_reason == "cancelled"
+    assert len(seen) == 3  # no further step ran after the cancel
+    assert out.text == seen[-1]
+
+
+def test_cancel_during_long_prefill(target, tok):
+    cancel = CancelToken()
+    cancel.cancel()
+    out = Session(target, tok).generate(list(range(10, 360)) * 2, GenerationConfig(8), cancel=cancel)
+    assert out.stop_reason == "cancelled" and out.tokens == []
+
+
+def test_max_new_tokens_is_exact_even_mid_draft(target, tok):
+    session = Session(target, tok, DraftModel(target, DraftLength(k_max=6, adaptive=False)))
+    for n in (1, 2, 5, 7):
+        out = session.generate(tok.encode("import os"), GenerationConfig(max_new_tokens=n))
+        assert len(out.tokens) == n or out.stop_reason == "eos"
+
+
+def test_mismatched_tokenizers_refused(tok):
+    import tiny
+
+    other = tiny.tokenizer(vocab_size=300)
+    with pytest.raises(SpecdecError, match="do not share a tokenizer"):
+        check_same_tokenizer(tok, other)
+    check_same_tokenizer(tok, tiny.tokenizer())
+
+
+def test_prompt_lookup_proposes_latest_continuation():
+    lookup = PromptLookup(max_ngram=2, length=DraftLength(k_max=3, adaptive=False))
+    context = [1, 2, 3, 4, 9, 1, 2, 3, 7, 8, 5, 1, 2]
+    assert lookup.propose(context, 3).tokens == [3, 7, 8]
+    assert lookup.propose([5, 6, 7], 3).tokens == []
+
+
+def test_adaptive_length_tracks_acceptance():
+    length = DraftLength(k_max=8)
+    for _ in range(20):
+        length.observe(8, 8)
+    assert length.next_k(8) >= 6
+    for _ in range(20):
+        length.observe(length.next_k(8), 0)
+    assert length.next_k(8) == 1
