@@ -12,8 +12,7 @@ import sys
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
 from specdec.errors import SpecdecError
-
-STRATEGY_CHOICES = ("plain", "draft", "lookup", "auto")
+from specdec.strategies import STRATEGIES as STRATEGY_CHOICES
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -90,6 +89,34 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
+def cmd_serve(args) -> int:
+    import logging
+
+    from specdec.errors import SpecdecError as _Err
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), filename=args.log_file,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":
+        logging.getLogger("pygls").setLevel(logging.WARNING)  # it logs every message at INFO
+    from lsp_server.server import create_server
+
+    server = create_server()
+    if args.tcp:
+        host, _, port = args.tcp.rpartition(":")
+        if not port.isdigit():
+            raise _Err(f"--tcp wants HOST:PORT or PORT, got {args.tcp!r}")
+        server.start_tcp(host or "127.0.0.1", int(port))
+    else:
+        server.start_io()
+    return 0
+
+
+def cmd_stats(args) -> int:
+    from lsp_server.stats_cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="bench-results/bench.json")
     p.add_argument("--cold", action="store_true", help="no warm previous-keystroke request for our strategies")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("serve", help="run the language server (stdio by default)")
+    p.add_argument("--tcp", help="listen on HOST:PORT instead of stdio (host defaults to 127.0.0.1)")
+    p.add_argument("--log-file", help="log here instead of stderr")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("stats", help="acceptance and latency per language, from the server's metrics")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", metavar="FILE.png", help="chart of acceptance over time per language")
+    p.set_defaults(func=cmd_stats)
     return parser
 
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from specdec.adaptive import DraftLength
-from specdec.draft_model import DraftModel
-from specdec.drafting import Composite
-from specdec.engine import Session
 from specdec.errors import SpecdecError
-from specdec.prompt_lookup import PromptLookup
 
-STRATEGIES = ("plain", "draft", "lookup", "auto")
+STRATEGIES = ("plain", "draft", "lookup", "auto")  # importable without torch (the server's settings use it)
 
 
 def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_draft: int = 8):
+    from specdec.adaptive import DraftLength
+    from specdec.draft_model import DraftModel
+    from specdec.drafting import Composite
+    from specdec.prompt_lookup import PromptLookup
+
     if strategy not in STRATEGIES:
         raise SpecdecError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
     if strategy == "plain":
@@ -34,6 +34,8 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
 
 
 def make_session(target, tokenizer, strategy: str, draft_model=None, stop_token_ids=(), adaptive: bool = True,
-                 max_draft: int = 8) -> Session:
+                 max_draft: int = 8):
+    from specdec.engine import Session
+
     drafter = make_drafter(strategy, draft_model, adaptive, max_draft)
     return Session(target, tokenizer, drafter, stop_token_ids, strategy=strategy)

@@ -1,0 +1,163 @@
+"""Per-language (and per-workspace) acceptance metrics, persisted as JSON lines.
+
+Every served request appends one record to `<state dir>/metrics.jsonl`; suggestions the
+user accepts append an `accepted` event. `specdec stats` and the `specdec/stats` request
+aggregate the same records, so the editor and the command line always agree.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specdec.paths import state_dir
+
+
+@dataclass
+class RequestRecord:
+    time: float
+    language: str
+    workspace: str
+    source: str  # "model" | "cache" | "typeahead"
+    latency_ms: float  # request received -> suggestion ready
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_passes: int = 0
+    decode_seconds: float = 0.0
+    prefill_reused: int = 0
+    prefill_computed: int = 0
+    shown: bool = False
+    adapter: str = ""
+    kind: str = "request"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def aggregate(records: list[dict]) -> dict:
+    requests = [r for r in records if r.get("kind") == "request"]
+    model = [r for r in requests if r["source"] == "model"]
+    drafted = sum(r["drafted"] for r in model)
+    passes = sum(r["target_passes"] for r in model)
+    decode = sum(r["decode_seconds"] for r in model)
+    reused = sum(r["prefill_reused"] for r in model)
+    computed = sum(r["prefill_computed"] for r in model)
+    shown = sum(1 for r in requests if r["shown"])
+    accepted_events = sum(1 for r in records if r.get("kind") == "accepted")
+    return {
+        "requests": len(requests),
+        "model_requests": len(model),
+        "cache_hits": sum(1 for r in requests if r["source"] == "cache"),
+        "typeahead_hits": sum(1 for r in requests if r["source"] == "typeahead"),
+        "acceptance_rate": sum(r["accepted"] for r in model) / drafted if drafted else None,
+        "tokens_per_pass": sum(r["new_tokens"] for r in model) / passes if passes else None,
+        "tokens_per_second": sum(r["new_tokens"] for r in model) / decode if decode else None,
+        "latency_p50_ms": percentile([r["latency_ms"] for r in requests], 0.5),
+        "latency_p95_ms": percentile([r["latency_ms"] for r in requests], 0.95),
+        "model_latency_p50_ms": percentile([r["latency_ms"] for r in model], 0.5),
+        "model_latency_p95_ms": percentile([r["latency_ms"] for r in model], 0.95),
+        "prefill_reused": reused,
+        "prefill_computed": computed,
+        "prefill_reuse_rate": reused / (reused + computed) if reused + computed else None,
+        "shown": shown,
+        "accepted": accepted_events,
+        "user_accept_rate": accepted_events / shown if shown else None,
+    }
+
+
+def summarize(records: list[dict]) -> dict:
+    """Totals, per language, per workspace, and per (workspace, adapter)."""
+
+    def group(key) -> dict:
+        groups: dict[str, list[dict]] = {}
+        for r in records:
+            groups.setdefault(key(r), []).append(r)
+        return {k: aggregate(v) for k, v in sorted(groups.items())}
+
+    return {
+        "total": aggregate(records),
+        "languages": group(lambda r: r.get("language", "")),
+        "workspaces": group(lambda r: r.get("workspace", "")),
+        "adapters": group(lambda r: f"{r.get('workspace', '')}@{r.get('adapter') or 'base'}"),
+    }
+
+
+@dataclass
+class MetricsStore:
+    path: Path = field(default_factory=lambda: state_dir() / "metrics.jsonl")
+    records: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._prometheus = None
+
+    def add(self, record: RequestRecord | dict) -> None:
+        row = asdict(record) if isinstance(record, RequestRecord) else record
+        with self._lock:
+            self.records.append(row)
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
+        if self._prometheus:
+            self._prometheus.observe(row)
+
+    def accepted(self, language: str, workspace: str, adapter: str = "") -> None:
+        self.add({"kind": "accepted", "time": time.time(), "language": language, "workspace": workspace,
+                  "adapter": adapter})
+
+    def summary(self) -> dict:
+        with self._lock:
+            return summarize(list(self.records))
+
+    def serve_prometheus(self, port: int, host: str = "127.0.0.1") -> None:
+        self._prometheus = PrometheusExporter(port, host)
+
+
+def load_records(path: Path | None = None) -> list[dict]:
+    path = path or state_dir() / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line after a crash loses one record, not the file
+    return rows
+
+
+class PrometheusExporter:
+    """Counters and a latency histogram on 127.0.0.1, labelled by language."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1"):
+        from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+        self.registry = CollectorRegistry()
+        labels = ["language"]
+        self.requests = Counter("specdec_requests", "completion requests", labels + ["source"], registry=self.registry)
+        self.drafted = Counter("specdec_drafted_tokens", "drafted tokens", labels, registry=self.registry)
+        self.accepted = Counter("specdec_accepted_tokens", "accepted drafted tokens", labels, registry=self.registry)
+        self.suggestions_accepted = Counter("specdec_suggestions_accepted", "suggestions the user accepted", labels,
+                                            registry=self.registry)
+        self.latency = Histogram("specdec_latency_seconds", "time to suggestion", labels, registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
+        start_http_server(port, addr=host, registry=self.registry)
+
+    def observe(self, row: dict) -> None:
+        lang = row.get("language", "")
+        if row.get("kind") == "accepted":
+            self.suggestions_accepted.labels(lang).inc()
+            return
+        self.requests.labels(lang, row["source"]).inc()
+        self.drafted.labels(lang).inc(row["drafted"])
+        self.accepted.labels(lang).inc(row["accepted"])
+        self.latency.labels(lang).observe(row["latency_ms"] / 1000)

