@@ -141,6 +141,7 @@ class CompletionService:
         self.latest: dict[str, int] = {}  # uri -> newest request number
         self.running: dict[str, object] = {}  # uri -> CancelToken of its generation
         self.shown: OrderedDict[str, Suggestion] = OrderedDict()  # id -> suggestion, for acceptance
+        self.inflight: dict[tuple, asyncio.Future] = {}  # key -> text of the generation under way
         self._numbers = itertools.count(1)
         self._model_turn = asyncio.Lock()
         self._waiting: list[int] = []
@@ -222,15 +223,25 @@ class CompletionService:
             if self.latest.get(request.uri) != number:
                 self.counters["superseded"] += 1
                 return None
+        shared = self.inflight.get(key)
+        if shared is not None:  # the same prompt is being generated (e.g. completion + inline): share it
+            text = await asyncio.shield(shared)
+            return self._finish(request, text, "cache") if text else None
         previous = self.running.get(request.uri)
         if previous is not None:
             previous.cancel()  # the newer request supersedes the running generation
-        generation = await self._generate(request, ctx, settings, number)
-        if generation is None:
+        outcome = asyncio.get_running_loop().create_future()
+        self.inflight[key] = outcome
+        generation = None
+        try:
+            generation = await self._generate(request, ctx, settings, number)
+        finally:
+            del self.inflight[key]
+            done = generation is not None and generation[1].stop_reason != "cancelled"
+            outcome.set_result(generation[0] if done else "")
+        if not done:
             return None
         text, result = generation
-        if result.stop_reason == "cancelled":
-            return None
         self.cache[key] = text
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)

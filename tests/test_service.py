@@ -103,7 +103,7 @@ async def test_cancel_request_stops_generation_within_one_step(tmp_path):
 async def test_stale_waiters_are_dropped_newest_first(tmp_path):
     host = FakeHost(text="z" * 15)
     svc = service(tmp_path, host)
-    docs = [asyncio.ensure_future(svc.complete(request(uri=f"file:///w/{i}.py"))) for i in range(5)]
+    docs = [asyncio.ensure_future(svc.complete(request(prefix=f"v{i} = ", uri=f"file:///w/{i}.py"))) for i in range(5)]
     results = await asyncio.gather(*docs)
     served = [i for i, r in enumerate(results) if r is not None]
     assert 0 in served and 4 in served  # the running one and the newest
@@ -155,3 +155,13 @@ def test_settings_camel_case_section_and_validation():
         with pytest.raises(SettingsError):
             s.update(bad)
     assert s.update({"unknownKey": 1}) == s
+
+
+async def test_identical_concurrent_requests_share_one_generation(tmp_path):
+    """An editor's completion and inline requests at one position must not cancel each other."""
+    svc = service(tmp_path)
+    first = asyncio.ensure_future(svc.complete(request()))
+    await asyncio.sleep(0.05)
+    second = await svc.complete(request())
+    assert (await first).text == second.text == "return a + b"
+    assert len(svc.host.calls) == 1 and svc.counters["cancelled"] == 0
