@@ -23,16 +23,24 @@ class DraftLength:
     draft_cost: float = 0.4  # one draft step in units of a 1-token target pass, refined from timings
     verify_slope: float = 0.04  # extra target cost per verified token (8 tokens ~ 1.3x one)
 
+    def tokens_per_cost(self, k: int) -> float:
+        """Expected tokens per target pass divided by the pass's cost (1 = a plain decoding step)."""
+        a = min(self.acceptance, 0.99)
+        return expected_tokens_per_pass(a, k) / (1 + k * (self.draft_cost + self.verify_slope))
+
     def next_k(self, cap: int) -> int:
         hi = max(0, min(cap, self.k_max))
         if not self.adaptive or hi <= self.k_min:
             return hi
-        a = min(self.acceptance, 0.99)
+        return max(range(self.k_min, hi + 1), key=self.tokens_per_cost)
 
-        def tokens_per_cost(k: int) -> float:
-            return expected_tokens_per_pass(a, k) / (1 + k * (self.draft_cost + self.verify_slope))
+    def value(self, cap: int) -> float:
+        """What drafting is worth right now, at the best k: comparable across drafters."""
+        return self.tokens_per_cost(self.next_k(cap)) if cap > 0 else 0.0
 
-        return max(range(self.k_min, hi + 1), key=tokens_per_cost)
+    def forget(self, prior: float, rate: float = 0.02) -> None:
+        """Drift back toward the prior while unused, so a drafter that was benched gets retried."""
+        self.acceptance += rate * (prior - self.acceptance)
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float = 0.0, target_pass_seconds: float = 0.0) -> None:
         """Fold in one verification: `accepted` successes, one failure unless all were accepted."""

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from specdec.adaptive import DraftLength
 from specdec.sampling import SamplingConfig
 
 
@@ -25,6 +26,7 @@ class Draft:
 
 class Drafter(Protocol):
     name: str
+    length: "DraftLength"  # its draft-length policy: running acceptance and cost
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None = None) -> Draft:
@@ -40,16 +42,25 @@ class Drafter(Protocol):
 
 
 class Composite:
-    """Try the free drafter first (prompt lookup); fall back to the draft model when it finds nothing."""
+    """Prompt lookup when it has a match and is currently worth more than the draft model; else the draft model.
+
+    Both members keep a DraftLength (running acceptance, measured cost); their
+    expected tokens per unit of cost decide, so a lookup that keeps missing stops
+    pre-empting a draft model that keeps hitting, and gets retried as its estimate relaxes.
+    """
 
     def __init__(self, first: Drafter, fallback: Drafter):
         self.first, self.fallback = first, fallback
         self.name = f"{first.name}+{fallback.name}"
+        self._prior = first.length.acceptance
 
     def propose(self, context, k, sampling, generator=None) -> Draft:
-        draft = self.first.propose(context, k, sampling, generator)
-        if draft.tokens:
-            return draft
+        if self.first.length.value(k) >= self.fallback.length.value(k):
+            draft = self.first.propose(context, k, sampling, generator)
+            if draft.tokens:
+                return draft
+        else:
+            self.first.length.forget(self._prior)
         return self.fallback.propose(context, k, sampling, generator)
 
     def observe(self, draft, accepted, draft_seconds, target_pass_seconds) -> None:
