@@ -63,6 +63,8 @@ def aggregate(records: list[dict]) -> dict:
         "tokens_per_second": sum(r["new_tokens"] for r in model) / decode if decode else None,
         "latency_p50_ms": percentile([r["latency_ms"] for r in requests], 0.5),
         "latency_p95_ms": percentile([r["latency_ms"] for r in requests], 0.95),
+        "hit_latency_p50_ms": percentile([r["latency_ms"] for r in requests if r["source"] != "model"], 0.5),
+        "hit_latency_p95_ms": percentile([r["latency_ms"] for r in requests if r["source"] != "model"], 0.95),
         "model_latency_p50_ms": percentile([r["latency_ms"] for r in model], 0.5),
         "model_latency_p95_ms": percentile([r["latency_ms"] for r in model], 0.95),
         "prefill_reused": reused,

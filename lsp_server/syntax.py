@@ -7,59 +7,16 @@ generation ends as soon as the completion leaves its block), and trims the resul
 
 from __future__ import annotations
 
-import functools
-import importlib
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
-GRAMMARS = {  # language -> (module, function returning the grammar)
-    "python": ("tree_sitter_python", "language"),
-    "javascript": ("tree_sitter_javascript", "language"),
-    "javascriptreact": ("tree_sitter_javascript", "language"),
-    "typescript": ("tree_sitter_typescript", "language_typescript"),
-    "typescriptreact": ("tree_sitter_typescript", "language_tsx"),
-    "go": ("tree_sitter_go", "language"),
-    "rust": ("tree_sitter_rust", "language"),
-    "java": ("tree_sitter_java", "language"),
-    "cpp": ("tree_sitter_cpp", "language"),
-    "c": ("tree_sitter_cpp", "language"),
-}
-EXTENSIONS = {
-    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript",
-    ".jsx": "javascriptreact", ".ts": "typescript", ".mts": "typescript", ".tsx": "typescriptreact",
-    ".go": "go", ".rs": "rust", ".java": "java", ".c": "c", ".h": "cpp", ".cc": "cpp", ".cpp": "cpp",
-    ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp", ".rb": "ruby", ".lua": "lua", ".sh": "shellscript",
-    ".md": "markdown", ".json": "json", ".toml": "toml", ".yaml": "yaml", ".yml": "yaml",
-}
+from specdec.languages import EXTENSIONS, GRAMMARS, detect_language, parser_for  # noqa: F401 (re-exported)
+
 INDENT_BLOCKS = {"python"}  # blocks by indentation; the rest by braces
 STRING_TYPES = {"string", "string_content", "string_fragment", "template_string", "interpreted_string_literal",
                 "raw_string_literal", "string_literal", "char_literal", "character_literal", "raw_string",
                 "text_block", "concatenated_string"}
 COMMENT_TYPES = {"comment", "line_comment", "block_comment"}
 WINDOW = 20_000  # characters either side of the cursor that tree-sitter sees (a 10 MB file stays fast)
-
-
-def detect_language(language_id: str | None, uri: str) -> str:
-    """The client's languageId when it is one we know, else the file extension, else the raw id."""
-    if language_id and language_id in GRAMMARS:
-        return language_id
-    by_ext = EXTENSIONS.get(PurePosixPath(uri.split("?")[0]).suffix.lower())
-    return by_ext or language_id or "plaintext"
-
-
-@functools.lru_cache(maxsize=None)
-def parser_for(language: str):
-    """A tree-sitter parser, or None for a language without a bundled grammar."""
-    spec = GRAMMARS.get(language)
-    if spec is None:
-        return None
-    try:
-        from tree_sitter import Language, Parser
-
-        module = importlib.import_module(spec[0])
-        return Parser(Language(getattr(module, spec[1])()))
-    except Exception:  # a broken grammar wheel degrades to text heuristics, it does not break completion
-        return None
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib.metadata import entry_points
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
 from specdec.errors import SpecdecError
 from specdec.strategies import STRATEGIES as STRATEGY_CHOICES
+
+PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcommands
+BENCH_GROUP = "specdec.bench"  # entry points: fn(args) -> exit code, selected by a bench flag
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -84,37 +88,14 @@ def cmd_complete(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.editor:
+        runners = {ep.name: ep for ep in entry_points(group=BENCH_GROUP)}
+        if "editor" not in runners:
+            raise SpecdecError("the editor benchmark needs the lsp_server package installed")
+        return runners["editor"].load()(args)
     from specdec.bench.runner import run_bench
 
     return run_bench(args)
-
-
-def cmd_serve(args) -> int:
-    import logging
-
-    from specdec.errors import SpecdecError as _Err
-
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), filename=args.log_file,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.log_level != "debug":
-        logging.getLogger("pygls").setLevel(logging.WARNING)  # it logs every message at INFO
-    from lsp_server.server import create_server
-
-    server = create_server()
-    if args.tcp:
-        host, _, port = args.tcp.rpartition(":")
-        if not port.isdigit():
-            raise _Err(f"--tcp wants HOST:PORT or PORT, got {args.tcp!r}")
-        server.start_tcp(host or "127.0.0.1", int(port))
-    else:
-        server.start_io()
-    return 0
-
-
-def cmd_stats(args) -> int:
-    from lsp_server.stats_cli import run
-
-    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,18 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-suffix-tokens", type=int, default=128)
     p.add_argument("--output", default="bench-results/bench.json")
     p.add_argument("--cold", action="store_true", help="no warm previous-keystroke request for our strategies")
+    p.add_argument("--editor", action="store_true",
+                   help="latency benchmark instead: replay typing sessions against `specdec serve` over stdio")
+    p.add_argument("--sessions", type=int, default=0, help="--editor: at most this many typing sessions (0: all)")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("serve", help="run the language server (stdio by default)")
-    p.add_argument("--tcp", help="listen on HOST:PORT instead of stdio (host defaults to 127.0.0.1)")
-    p.add_argument("--log-file", help="log here instead of stderr")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    p.set_defaults(func=cmd_serve)
-
-    p = sub.add_parser("stats", help="acceptance and latency per language, from the server's metrics")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--plot", metavar="FILE.png", help="chart of acceptance over time per language")
-    p.set_defaults(func=cmd_stats)
+    for plugin in entry_points(group=PLUGIN_GROUP):  # serve, stats, finetune, adapters: packages that build on specdec
+        plugin.load()(sub)
     return parser
 
 

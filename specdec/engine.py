@@ -52,6 +52,7 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     new_tokens: int = 0
+    produced: int = 0  # tokens the passes yielded: new_tokens plus a stop token, if one ended the call
     prefill_computed: int = 0  # target prompt tokens run through the model
     prefill_reused: int = 0  # target prompt tokens served from the session's KV cache
     draft_prefill_computed: int = 0
@@ -69,7 +70,7 @@ class GenerationStats:
 
     @property
     def tokens_per_pass(self) -> float:
-        return self.new_tokens / self.target_passes if self.target_passes else 0.0
+        return self.produced / self.target_passes if self.target_passes else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -121,6 +122,7 @@ class Session:
 
         def finish(reason: str, text: str | None = None) -> Generation:
             stats.new_tokens = len(out)
+            stats.produced = len(out) + (reason == "eos")
             stats.seconds = time.perf_counter() - started
             return Generation(out, self.tokenizer.decode(out) if text is None else text, reason, stats)
 

@@ -29,7 +29,8 @@ TEMPLATES: dict[str, FimTemplate] = {
     for t in (
         FimTemplate("qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
                     stop_tokens=("<|endoftext|>", "<|file_sep|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>",
-                                 "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")),
+                                 "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+                    file_header="<|file_sep|>{path}\n"),  # repo-level format: other files, then this one
         FimTemplate("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
                     stop_tokens=("<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
                     file_header="<file_sep>{path}\n"),
@@ -72,7 +73,7 @@ class FimPrompt:
 
 def build(tokenizer, template: FimTemplate, prefix: str, suffix: str, path: str | None = None,
           max_prefix_tokens: int = 1024, max_suffix_tokens: int = 256, context: str = "") -> FimPrompt:
-    """Token ids of a FIM prompt; `context` (e.g. snippets from other files) goes before the prefix."""
+    """Token ids of a FIM prompt; `context` (other files, in the family's file-separator format) comes first."""
     vocab = tokenizer.get_vocab()
 
     def special(text: str) -> list[int]:
@@ -85,7 +86,7 @@ def build(tokenizer, template: FimTemplate, prefix: str, suffix: str, path: str 
     # char pre-cut keeps a 10 MB file from being tokenized whole; ~1 token per 2 chars is generous
     suffix_ids = encode(suffix[: max_suffix_tokens * 8])[:max_suffix_tokens]
     header = encode(template.file_header.format(path=path)) if template.file_header and path else []
-    head = encode(template.begin) + header + encode(context)
+    head = encode(template.begin) + encode(context) + header
     if template.order == "spm":
         body = special(template.suffix) + suffix_ids + special(template.prefix) + prefix_ids
     else:
@@ -97,21 +98,25 @@ def build(tokenizer, template: FimTemplate, prefix: str, suffix: str, path: str 
 def _trim_prefix(tokenizer, prefix: str, budget: int, grid: int = 16) -> list[int]:
     """The last whole lines that fit the budget, starting on a line number that is a multiple of `grid`.
 
-    Lines before the cursor's line do not change while the user types on it, so the cut
-    point, and with it every cached token of the prompt before the cursor, stays put.
+    Only the complete lines above the cursor decide where the cut falls (the line being
+    typed gets a reserve), so the cut point, and with it every cached token of the prompt
+    before the cursor, stays put while the user types; the grid keeps it put across Enter too.
     """
     lines = prefix.split("\n")
-    counts = []
+    complete = lines[:-1]
+    room = budget - min(budget // 2, 64)  # reserve for the line being typed
+    counts: list[int] = []
     total = 0
-    for line in reversed(lines):  # per-line counts from the cursor backwards, until the budget is spent
+    for line in reversed(complete):
         n = len(tokenizer.encode(line[-budget * 8 :] + "\n", add_special_tokens=False))
-        if total + n > budget and counts:
+        if total + n > room:
             break
         counts.append(n)
         total += n
-    start = len(lines) - len(counts)
+    start = len(complete) - len(counts)
+    grid = max(1, min(grid, len(counts) // 4))  # never round away more than a quarter of what fits
     if start > 0:
-        start = min(len(lines) - 1, -(-start // grid) * grid)  # round up to the grid
+        start = min(len(complete), -(-start // grid) * grid)
     text = "\n".join(lines[start:])
     ids = tokenizer.encode(text, add_special_tokens=False) if text else []
     return ids[-budget:] if len(ids) > budget else ids

@@ -226,22 +226,26 @@ DRAFT_QUANT = ("int8", "none")
 
 
 def quantize_draft(model, mode: str = "int8"):
-    """int8 dynamic quantization of the draft's Linear layers (CPU).
+    """int8 dynamic quantization of the draft's Linear layers (CPU), LoRA layers excepted.
 
     Only the draft: it may be anything, since the acceptance rule makes the output the
     target's. Measured here it cuts a 0.5B draft step from ~48% to ~15% of a 1.5B bf16 pass.
+    LoRA A/B matrices stay fp32, so a peft-wrapped draft keeps loading and switching adapters.
     """
-    import warnings
-
-    import torch
-
     if mode == "none" or next(model.parameters()).device.type != "cpu":
         return model
     if mode != "int8":
         raise SpecdecError(f"unknown draft quantization {mode!r}; use one of {', '.join(DRAFT_QUANT)}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8)
+    import torch
+
+    from specdec.int8 import Int8Linear
+
+    model = model.float()
+    for path, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear and "lora_" not in f"{path}.{name}":
+                setattr(parent, name, Int8Linear(child))
+    return model
 
 
 @dataclass

@@ -61,3 +61,11 @@ def test_huge_file_is_not_tokenized_whole(tok):
     big = "x = 1\n" * 1_000_000  # 6 MB
     p = fim.build(tok, template, big, big, max_prefix_tokens=64, max_suffix_tokens=16)
     assert p.prefix_tokens <= 64 and p.suffix_tokens <= 16
+
+
+def test_repo_level_context_then_this_files_header(tok):
+    template = fim.detect(tok)
+    other = template.file_header.format(path="util.py") + "def helper():\n    pass\n"
+    p = fim.build(tok, template, "x = ", "\n", path="main.py", context=other)
+    text = tok.decode(p.ids)
+    assert text.index("util.py") < text.index("def helper") < text.index("main.py") < text.index("<|fim_prefix|>")

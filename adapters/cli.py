@@ -1,0 +1,60 @@
+"""`specdec adapters list|show|remove|export|import`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from adapters.registry import Registry
+
+
+def _split(name: str) -> tuple[str, str | None]:
+    key, _, version = name.partition("@")
+    return key, version or None
+
+
+def cmd_adapters(args) -> int:
+    registry = Registry()
+    if args.adapters_cmd == "list":
+        metas = registry.list()
+        if args.json:
+            print(json.dumps([asdict(m) for m in metas], indent=2))
+        elif not metas:
+            print("no adapters; train one with `specdec finetune REPO`")
+        for m in metas if not args.json else []:
+            gain = m.metrics_after.get("total", {}).get("acceptance_rate", 0) - \
+                m.metrics_before.get("total", {}).get("acceptance_rate", 0)
+            print(f"{m.name:40} {m.base_draft:28} acceptance {gain:+.3f}  {m.repo_root}")
+    elif args.adapters_cmd == "show":
+        print(json.dumps(asdict(registry.get(*_split(args.name))), indent=2))
+    elif args.adapters_cmd == "remove":
+        for name in registry.remove(*_split(args.name)):
+            print(f"removed {name}")
+    elif args.adapters_cmd == "export":
+        key, version = _split(args.name)
+        print(registry.export(key, version, Path(args.file)))
+    elif args.adapters_cmd == "import":
+        base_hash = None
+        if args.draft:
+            from specdec.models import LoadedModel, resolve
+
+            base_hash = LoadedModel(args.draft, resolve(args.draft), None, None).weight_hash
+        print(f"imported {registry.import_archive(Path(args.file), base_hash).name}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("adapters", help="the registry of per-repository draft adapters")
+    asub = p.add_subparsers(dest="adapters_cmd", required=True)
+    lst = asub.add_parser("list")
+    lst.add_argument("--json", action="store_true")
+    asub.add_parser("show").add_argument("name", help="KEY or KEY@VERSION")
+    asub.add_parser("remove").add_argument("name", help="KEY (all versions) or KEY@VERSION")
+    exp = asub.add_parser("export")
+    exp.add_argument("name", help="KEY or KEY@VERSION (default: latest)")
+    exp.add_argument("file", help="archive to write (.tar.gz)")
+    imp = asub.add_parser("import")
+    imp.add_argument("file")
+    imp.add_argument("--draft", help="refuse the archive unless it was made for this base draft")
+    p.set_defaults(func=cmd_adapters)

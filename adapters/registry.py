@@ -1,0 +1,198 @@
+"""The on-disk registry of per-repository LoRA adapters for the draft model.
+
+Layout, under the user data dir:  adapters/<repo-key>/<version>/{adapter files, meta.json}.
+A repository's key is its sanitized name plus a hash of its identity (git remote if
+any, plus the root path), so two clones of one project on different paths stay apart.
+Every write goes to a temporary folder beside its destination and is renamed into
+place: an interrupted write leaves the registry as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+
+from specdec.errors import SpecdecError
+from specdec.paths import data_dir
+
+META = "meta.json"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass
+class AdapterMeta:
+    repo_key: str
+    version: str
+    repo_root: str
+    git_remote: str
+    git_commit: str
+    base_draft: str
+    base_draft_hash: str
+    target: str
+    created: float = field(default_factory=time.time)
+    dataset: dict = field(default_factory=dict)
+    metrics_before: dict = field(default_factory=dict)
+    metrics_after: dict = field(default_factory=dict)
+    training: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.repo_key}@{self.version}"
+
+
+def sanitize(name: str) -> str:
+    cleaned = _SAFE.sub("-", name).strip(".-")
+    if not cleaned:
+        raise SpecdecError(f"{name!r} is not a usable adapter name")
+    return cleaned[:64]
+
+
+def _git(root: Path, *args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def repo_identity(root: Path) -> tuple[str, str, str]:
+    """(key, git remote, git commit) of the repository at root."""
+    root = root.resolve()
+    remote = _git(root, "config", "--get", "remote.origin.url")
+    commit = _git(root, "rev-parse", "HEAD")
+    digest = hashlib.sha256(f"{remote}\n{root}".encode()).hexdigest()[:12]
+    return f"{sanitize(root.name)}-{digest}", remote, commit
+
+
+class Registry:
+    def __init__(self, root: Path | None = None):
+        self.root = root or data_dir() / "adapters"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _entry(self, repo_key: str, version: str | None = None) -> Path:
+        folder = self.root / sanitize(repo_key)
+        return folder / sanitize(version) if version else folder
+
+    def versions(self, repo_key: str) -> list[AdapterMeta]:
+        folder = self._entry(repo_key)
+        metas = []
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                if (entry / META).is_file() and not entry.name.startswith("."):
+                    metas.append(self._read(entry))
+        return sorted(metas, key=lambda m: int(m.version.lstrip("v") or 0))
+
+    def list(self) -> list[AdapterMeta]:
+        return [m for key in sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+                for m in self.versions(key)]
+
+    def latest(self, repo_key: str) -> AdapterMeta | None:
+        versions = self.versions(repo_key)
+        return versions[-1] if versions else None
+
+    def get(self, repo_key: str, version: str | None = None) -> AdapterMeta:
+        meta = self.latest(repo_key) if version is None else None
+        if version is not None and (self._entry(repo_key, version) / META).is_file():
+            meta = self._read(self._entry(repo_key, version))
+        if meta is None:
+            raise SpecdecError(f"no adapter {repo_key}{'@' + version if version else ''} in the registry")
+        return meta
+
+    def path(self, meta: AdapterMeta) -> Path:
+        return self._entry(meta.repo_key, meta.version)
+
+    def _read(self, entry: Path) -> AdapterMeta:
+        try:
+            return AdapterMeta(**json.loads((entry / META).read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise SpecdecError(f"corrupt adapter metadata in {entry}: {exc}") from None
+
+    def register(self, adapter_dir: Path, meta: AdapterMeta) -> AdapterMeta:
+        """Copy a trained adapter in as the repository's next version, atomically."""
+        _check_adapter_files(adapter_dir)
+        folder = self._entry(meta.repo_key)
+        folder.mkdir(parents=True, exist_ok=True)
+        existing = self.versions(meta.repo_key)
+        meta.version = f"v{int(existing[-1].version.lstrip('v')) + 1 if existing else 1}"
+        tmp = Path(tempfile.mkdtemp(prefix=".incoming-", dir=folder))
+        try:
+            for name in ADAPTER_FILES:
+                shutil.copy2(adapter_dir / name, tmp / name)
+            (tmp / META).write_text(json.dumps(asdict(meta), indent=2))
+            os.replace(tmp, folder / meta.version)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return meta
+
+    def remove(self, repo_key: str, version: str | None = None) -> list[str]:
+        targets = [self.get(repo_key, version)] if version else self.versions(repo_key)
+        if not targets:
+            raise SpecdecError(f"no adapter {repo_key} in the registry")
+        for meta in targets:
+            trash = self.path(meta).with_name(f".removing-{meta.version}")
+            os.replace(self.path(meta), trash)
+            shutil.rmtree(trash)
+        folder = self._entry(repo_key)
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        return [m.name for m in targets]
+
+    def export(self, repo_key: str, version: str | None, archive: Path) -> Path:
+        meta = self.get(repo_key, version)
+        tmp = archive.with_name(archive.name + ".partial")
+        with tarfile.open(tmp, "w:gz") as tf:
+            for name in (*ADAPTER_FILES, META):
+                tf.add(self.path(meta) / name, arcname=f"{meta.repo_key}-{meta.version}/{name}")
+        os.replace(tmp, archive)
+        return archive
+
+    def import_archive(self, archive: Path, expected_base_hash: str | None = None) -> AdapterMeta:
+        """Validate an exported archive (members, metadata, base draft) and register it as a new version."""
+        if not archive.is_file():
+            raise SpecdecError(f"no such archive: {archive}")
+        try:
+            with tarfile.open(archive, "r:gz") as tf:
+                members = tf.getmembers()
+                names = {PurePosixPath(m.name).name: m for m in members}
+                for m in members:
+                    path = PurePosixPath(m.name)
+                    if path.is_absolute() or ".." in path.parts or not (m.isfile() or m.isdir()):
+                        raise SpecdecError(f"refusing archive member {m.name!r}: unsafe path or type")
+                missing = [n for n in (*ADAPTER_FILES, META) if n not in names]
+                if missing:
+                    raise SpecdecError(f"not an adapter archive: missing {', '.join(missing)}")
+                with tempfile.TemporaryDirectory() as tmp:
+                    for n in (*ADAPTER_FILES, META):
+                        with tf.extractfile(names[n]) as src, open(Path(tmp) / n, "wb") as dst:
+                            shutil.copyfileobj(src, dst)
+                    meta = self._read(Path(tmp))
+                    check_base(meta, expected_base_hash)
+                    meta.repo_key = sanitize(meta.repo_key)
+                    return self.register(Path(tmp), meta)
+        except (tarfile.TarError, OSError) as exc:
+            raise SpecdecError(f"cannot read adapter archive {archive}: {exc}") from None
+
+
+def check_base(meta: AdapterMeta, base_hash: str | None) -> None:
+    if base_hash and meta.base_draft_hash != base_hash:
+        raise SpecdecError(f"adapter {meta.name} was trained for another base draft ({meta.base_draft}, weights "
+                           f"{meta.base_draft_hash}); the loaded draft's weights are {base_hash}")
+
+
+def _check_adapter_files(folder: Path) -> None:
+    missing = [n for n in ADAPTER_FILES if not (folder / n).is_file()]
+    if missing:
+        raise SpecdecError(f"{folder} is not a LoRA adapter: missing {', '.join(missing)}")
+    try:
+        json.loads((folder / "adapter_config.json").read_text())
+    except ValueError as exc:
+        raise SpecdecError(f"{folder}/adapter_config.json is not valid JSON: {exc}") from None

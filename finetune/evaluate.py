@@ -1,0 +1,45 @@
+"""How well a draft agrees with the target on held-out code: acceptance and tokens per target pass.
+
+Fill-in-the-middle holes are cut from the held-out files (as the benchmark cuts them)
+and completed greedily with draft-model speculation at a fixed draft length, so two
+drafts (before and after fine-tuning) are measured on exactly the same work.
+"""
+
+from __future__ import annotations
+
+from specdec.adaptive import DraftLength
+from specdec.bench.workload import SourceFile, cut_holes
+from specdec.completion import Completer
+from specdec.draft_model import DraftModel
+from specdec.engine import GenerationConfig, Session
+
+
+def holes_for(files, holes_per_file: int = 3, seed: int = 0):
+    holes = []
+    for f in files:
+        source = SourceFile(f.language, "local", f"repo:{f.path}", f.path, "", "")
+        holes.extend(cut_holes(source, f.text, holes_per_file, seed))
+    return holes
+
+
+def measure(target, draft, tokenizer, holes, max_new_tokens: int = 32, k: int = 4,
+            max_prefix_tokens: int = 512, max_suffix_tokens: int = 128) -> dict:
+    """Totals and per-language acceptance / tokens per pass of `draft` speculating for `target`."""
+    session = Session(target, tokenizer, DraftModel(draft, DraftLength(k_max=k, adaptive=False)), strategy="draft")
+    completer = Completer.for_session(session, max_prefix_tokens=max_prefix_tokens,
+                                      max_suffix_tokens=max_suffix_tokens)
+    per: dict[str, dict] = {}
+    for hole in holes:
+        session.reset()
+        stats = completer.complete(hole.prefix, hole.suffix, GenerationConfig(max_new_tokens, max_draft=k)).stats
+        for key in (hole.language, "total"):
+            agg = per.setdefault(key, {"holes": 0, "drafted": 0, "accepted": 0, "new_tokens": 0, "passes": 0})
+            agg["holes"] += 1
+            agg["drafted"] += stats.drafted
+            agg["accepted"] += stats.accepted
+            agg["new_tokens"] += stats.new_tokens
+            agg["passes"] += stats.target_passes
+    for agg in per.values():
+        agg["acceptance_rate"] = agg["accepted"] / agg["drafted"] if agg["drafted"] else 0.0
+        agg["tokens_per_pass"] = agg["new_tokens"] / agg["passes"] if agg["passes"] else 0.0
+    return per

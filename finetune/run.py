@@ -1,0 +1,123 @@
+"""`specdec finetune REPO`: select files, build samples, measure, train, measure again, register if it helps."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from adapters.registry import AdapterMeta, Registry, repo_identity
+from finetune.dataset import SampleBuilder, split_files
+from finetune.evaluate import holes_for, measure
+from finetune.files import select
+from finetune.train import TrainConfig, train
+from specdec import fim
+from specdec.errors import SpecdecError
+from specdec.paths import data_dir
+
+
+def print_selection(selection) -> None:
+    print(f"{len(selection.files)} files selected, {len(selection.skipped)} skipped")
+    for reason, n in sorted(selection.reasons().items()):
+        print(f"  skipped {n:4d}  {reason}")
+    for path, reason in sorted(selection.skipped.items()):
+        if reason.startswith("secret"):
+            print(f"  never trained on: {path} ({reason})")
+
+
+def finetune_repo(args, report=print) -> dict:
+    from specdec.models import load
+
+    root = Path(args.repo).expanduser()
+    if not root.is_dir():
+        raise SpecdecError(f"not a directory: {args.repo}")
+    config = TrainConfig(objective=args.objective, rank=args.rank, alpha=args.alpha,
+                         target_modules=tuple(args.target_modules.split(",")), learning_rate=args.lr,
+                         batch_size=args.batch_size, seq_len=args.seq_len, max_steps=args.max_steps,
+                         max_minutes=args.max_minutes, max_tokens=args.max_tokens, seed=args.seed)
+    selection = select(root)
+    print_selection(selection)
+    split = split_files(selection, args.holdout, args.seed)
+    if not split.train or not split.heldout:
+        raise SpecdecError("need at least two usable source files (one to train on, one held out)")
+    key, remote, commit = repo_identity(root)
+    target = load(args.target, args.dtype)
+    draft = load(args.draft, "fp32")
+    from specdec.models import check_same_tokenizer
+
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, args.target, args.draft)
+    tokenizer = target.tokenizer
+    template = fim.detect(tokenizer)
+    count = config.max_steps * config.batch_size
+    if config.max_tokens:
+        count = min(count, config.max_tokens // max(16, config.seq_len // 2) + config.batch_size)
+    samples = SampleBuilder(tokenizer, template, config.seq_len).samples(split.train, count, args.seed)
+    holes = holes_for(split.heldout, args.eval_holes, args.seed)
+    report(f"dataset: {json.dumps(split.summary())}; {len(samples)} samples; {len(holes)} held-out holes")
+    before = measure(target.model, draft.model, tokenizer, holes, args.eval_tokens)
+    report(f"before: acceptance {before['total']['acceptance_rate']:.3f}, "
+           f"tokens/pass {before['total']['tokens_per_pass']:.2f}")
+    workdir = data_dir() / "runs" / key
+    model, result = train(draft.model, target.model if config.objective != "lm" else None, tokenizer, samples,
+                          config, workdir, progress=not args.quiet)
+    after = measure(target.model, model, tokenizer, holes, args.eval_tokens)
+    gain = after["total"]["acceptance_rate"] - before["total"]["acceptance_rate"]
+    report(f"after:  acceptance {after['total']['acceptance_rate']:.3f} ({gain:+.3f}), "
+           f"tokens/pass {after['total']['tokens_per_pass']:.2f}")
+    outcome = {"repo_key": key, "before": before, "after": after, "acceptance_gain": gain,
+               "training": {**asdict(result), **asdict(config)}, "dataset": split.summary(),
+               "skipped": selection.skipped, "registered": None}
+    if gain > 0 or args.force:
+        meta = AdapterMeta(repo_key=key, version="", repo_root=str(root.resolve()), git_remote=remote,
+                           git_commit=commit, base_draft=args.draft, base_draft_hash=draft.weight_hash,
+                           target=args.target, dataset=split.summary(), metrics_before=before, metrics_after=after,
+                           training=outcome["training"])
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)
+            meta = Registry().register(Path(tmp), meta)
+        outcome["registered"] = meta.name
+        report(f"registered adapter {meta.name}" + (" (--force)" if gain <= 0 else ""))
+    else:
+        report("not registered: the adapter did not raise acceptance (use --force to keep it anyway)")
+    return outcome
+
+
+def cmd_finetune(args) -> int:
+    try:
+        outcome = finetune_repo(args)
+    except KeyboardInterrupt:
+        print("interrupted: the checkpoint is saved and the registry is unchanged; run the same command to resume")
+        return 130
+    if args.report:
+        Path(args.report).write_text(json.dumps(outcome, indent=2, default=str))
+    return 0
+
+
+def register(sub) -> None:
+    from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+    from finetune.train import DEFAULT_MODULES, OBJECTIVES
+
+    p = sub.add_parser("finetune", help="train a LoRA adapter for the draft on a repository's own code")
+    p.add_argument("repo", help="repository root")
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target dtype")
+    p.add_argument("--objective", choices=OBJECTIVES, default="distill")
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--alpha", type=int, default=32)
+    p.add_argument("--target-modules", default=",".join(DEFAULT_MODULES))
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=384)
+    p.add_argument("--max-steps", type=int, default=200)
+    p.add_argument("--max-minutes", type=float, default=30.0)
+    p.add_argument("--max-tokens", type=int, default=0)
+    p.add_argument("--holdout", type=float, default=0.1, help="fraction of files held out (by file)")
+    p.add_argument("--eval-holes", type=int, default=3, help="FIM holes per held-out file")
+    p.add_argument("--eval-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="register even if acceptance did not improve")
+    p.add_argument("--report", help="write the full JSON report here")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_finetune)

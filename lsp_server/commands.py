@@ -1,0 +1,44 @@
+"""The server's `specdec` subcommands (`serve`, `stats`), registered through an entry point."""
+
+from __future__ import annotations
+
+import logging
+
+from specdec.errors import SpecdecError
+
+
+def cmd_serve(args) -> int:
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), filename=args.log_file,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":
+        logging.getLogger("pygls").setLevel(logging.WARNING)  # it logs every message at INFO
+    from lsp_server.server import create_server
+
+    server = create_server()
+    if args.tcp:
+        host, _, port = args.tcp.rpartition(":")
+        if not port.isdigit():
+            raise SpecdecError(f"--tcp wants HOST:PORT or PORT, got {args.tcp!r}")
+        server.start_tcp(host or "127.0.0.1", int(port))
+    else:
+        server.start_io()
+    return 0
+
+
+def cmd_stats(args) -> int:
+    from lsp_server.stats_cli import run
+
+    return run(args)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="run the language server (stdio by default)")
+    p.add_argument("--tcp", help="listen on HOST:PORT instead of stdio (host defaults to 127.0.0.1)")
+    p.add_argument("--log-file", help="log here instead of stderr")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("stats", help="acceptance and latency per language, from the server's metrics")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", metavar="FILE.png", help="chart of acceptance over time per language")
+    p.set_defaults(func=cmd_stats)

@@ -1,0 +1,230 @@
+"""`specdec bench --editor`: replay typing sessions against `specdec serve` over stdio.
+
+Each session opens a real source file (the engine benchmark's registry-pinned files)
+with a few lines cut out, then re-types them keystroke by keystroke with seeded,
+human-like pauses. Like VS Code, the client asks for an inline completion after every
+keystroke and sends `$/cancelRequest` for the previous one if it is still pending.
+The server runs with a private metrics file, read afterwards for per-request detail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lsprotocol import types
+
+from lsp_server.metrics import load_records, percentile
+from specdec.bench.workload import SOURCES, fetch
+
+
+@dataclass
+class TypingSession:
+    language: str
+    path: str
+    before: str  # text before the cursor when typing starts
+    typed: str  # what the user types
+    after: str  # text after the cursor
+
+    @classmethod
+    def from_source(cls, source, text: str, lines: int = 4, seed: int = 0) -> "TypingSession":
+        rows = text.split("\n")
+        rng = random.Random(f"editor:{source.package}:{seed}")
+        candidates = [i for i in range(len(rows) // 3, len(rows) - lines - 1)
+                      if rows[i].strip() and not rows[i].strip().startswith(("#", "//", "/*", "*"))]
+        start = rng.choice(candidates)
+        indent = len(rows[start]) - len(rows[start].lstrip())
+        head = "\n".join(rows[:start]) + "\n" + rows[start][:indent]
+        typed = "\n".join([rows[start][indent:]] + rows[start + 1 : start + lines])
+        tail = "\n" + "\n".join(rows[start + lines :])
+        return cls(source.language, Path(source.member).name, head, typed, tail)
+
+
+def keystroke_delays(text: str, seed: int) -> list[float]:
+    """Seconds before each keystroke: ~8 chars/s bursts, pauses after words and at line ends."""
+    rng = random.Random(seed)
+    delays = []
+    for i, ch in enumerate(text):
+        delay = min(0.4, max(0.04, rng.lognormvariate(-2.1, 0.35)))  # median ~120 ms
+        previous = text[i - 1] if i else ""
+        if previous == "\n":
+            delay += rng.uniform(0.8, 2.0)  # reading the next line
+        elif previous in " .(,=" and rng.random() < 0.25:
+            delay += rng.uniform(0.5, 1.5)  # thinking
+        delays.append(delay)
+    return delays
+
+
+@dataclass
+class ClientRecord:
+    language: str
+    sent: float
+    done: float = 0.0
+    status: str = "pending"  # served | empty | cancelled | error
+    items: int = 0
+
+
+@dataclass
+class Replay:
+    client: object
+    language: str
+    records: list[ClientRecord] = field(default_factory=list)
+
+    async def run(self, session: TypingSession, uri: str, seed: int) -> None:
+        text = session.before + session.after
+        line = session.before.count("\n")
+        character = len(session.before.split("\n")[-1].encode("utf-16-le")) // 2
+        self.client.text_document_did_open(types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id=session.language, version=1, text=text)))
+        pending: tuple[str, asyncio.Task] | None = None
+        version = 1
+        for ch, delay in zip(session.typed, keystroke_delays(session.typed, seed)):
+            await asyncio.sleep(delay)
+            if pending and not pending[1].done():
+                self.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=pending[0]))
+            version += 1
+            here = types.Position(line, character)
+            self.client.text_document_did_change(types.DidChangeTextDocumentParams(
+                types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                [types.TextDocumentContentChangePartial(range=types.Range(here, here), text=ch)]))
+            if ch == "\n":
+                line, character = line + 1, 0
+            else:
+                character += len(ch.encode("utf-16-le")) // 2
+            pending = self.request(uri, line, character)
+        if pending:
+            await asyncio.wait([pending[1]])
+        self.client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri=uri)))
+
+    def request(self, uri: str, line: int, character: int) -> tuple[str, asyncio.Task]:
+        msg_id = str(uuid.uuid4())
+        record = ClientRecord(self.language, time.perf_counter())
+        self.records.append(record)
+        params = types.InlineCompletionParams(
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+            text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line, character))
+
+        async def send():
+            try:
+                result = await self.client.protocol.send_request_async(
+                    types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id)
+                record.items = len(result.items) if result else 0
+                record.status = "served" if record.items else "empty"
+            except Exception as exc:  # noqa: BLE001 - a cancelled request answers with an error
+                record.status = "cancelled" if "cancel" in str(exc).lower() else "error"
+            record.done = time.perf_counter()
+
+        return msg_id, asyncio.ensure_future(send())
+
+
+async def replay_all(args, sessions: list[TypingSession], workdir: Path) -> tuple[list[ClientRecord], dict]:
+    from pygls.lsp.client import LanguageClient
+
+    env = {**os.environ, "SPECDEC_STATE_DIR": str(workdir / "state")}
+    client = LanguageClient("specdec-editor-bench", "1.0")
+    await client.start_io(sys.executable, "-m", "specdec.cli", "serve", env=env)
+    options = {"target": args.target, "draft": args.draft, "dtype": args.dtype, "draftQuant": args.draft_quant,
+               "maxNewTokens": args.max_new_tokens, "maxDraft": args.max_draft}
+    await client.initialize_async(types.InitializeParams(
+        capabilities=types.ClientCapabilities(window=types.WindowClientCapabilities(work_done_progress=False)),
+        initialization_options=options, root_uri=workdir.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(workdir.as_uri(), "bench")]))
+    client.initialized(types.InitializedParams())
+    while True:  # models load in the background; wait so typing meets a ready server
+        stats = await client.protocol.send_request_async("specdec/stats", {})
+        if stats.model.state in ("ready", "failed"):
+            break
+        await asyncio.sleep(0.5)
+    if stats.model.state == "failed":
+        raise RuntimeError(f"server could not load the models: {stats.model.error}")
+    records: list[ClientRecord] = []
+    for n, session in enumerate(sessions):
+        print(f"  typing {len(session.typed)} characters of {session.language} ({session.path})", flush=True)
+        replay = Replay(client, session.language)
+        await replay.run(session, (workdir / f"{n}-{session.path}").as_uri(), seed=n)
+        records.extend(replay.records)
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    return records, json.loads(json.dumps(stats, default=lambda o: o._asdict() if hasattr(o, "_asdict") else str(o)))
+
+
+def summarize(client_records: list[ClientRecord], server_records: list[dict]) -> dict:
+    languages = sorted({r.language for r in client_records})
+    out = {}
+    for language in languages + ["(all)"]:
+        mine = [r for r in client_records if language in ("(all)", r.language)]
+        theirs = [r for r in server_records if r.get("kind") == "request" and language in ("(all)", r["language"])]
+        hits = [r for r in theirs if r["source"] in ("cache", "typeahead")]
+        model = [r for r in theirs if r["source"] == "model"]
+        consecutive = [r for r in model if r["prefill_reused"] > 0]  # not a session's cold first prompt
+        reused = sum(r["prefill_reused"] for r in consecutive)
+        computed = sum(r["prefill_computed"] for r in consecutive)
+        served_rt = [(r.done - r.sent) * 1000 for r in mine if r.status == "served"]
+        out[language] = {
+            "sent": len(mine),
+            "cancelled": sum(r.status == "cancelled" for r in mine),
+            "served": sum(r.status == "served" for r in mine),
+            "empty": sum(r.status == "empty" for r in mine),
+            "cache_hits": sum(r["source"] == "cache" for r in theirs),
+            "typeahead_hits": sum(r["source"] == "typeahead" for r in theirs),
+            "hit_rate": len(hits) / len(theirs) if theirs else None,
+            "hit_p50_ms": percentile([r["latency_ms"] for r in hits], 0.5),
+            "hit_p95_ms": percentile([r["latency_ms"] for r in hits], 0.95),
+            "model_p50_ms": percentile([r["latency_ms"] for r in model], 0.5),
+            "model_p95_ms": percentile([r["latency_ms"] for r in model], 0.95),
+            "client_served_p50_ms": statistics.median(served_rt) if served_rt else None,
+            "prefill_reused": reused,
+            "prefill_computed": computed,
+            "prefill_reuse_rate": reused / (reused + computed) if reused + computed else None,
+        }
+    return out
+
+
+def print_table(summary: dict) -> None:
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    cols = ("sent", "cancel", "served", "cache", "t-ahead", "hit%", "hit p50", "hit p95", "model p50", "model p95",
+            "reused")
+    print("\n" + f"{'language':12} " + " ".join(f"{c:>9}" for c in cols))
+    for language, s in summary.items():
+        cells = [s["sent"], s["cancelled"], s["served"], s["cache_hits"], s["typeahead_hits"],
+                 f(s["hit_rate"], ".0%"), f(s["hit_p50_ms"], ".1f"), f(s["hit_p95_ms"], ".1f"),
+                 f(s["model_p50_ms"], ".0f"), f(s["model_p95_ms"], ".0f"), f(s["prefill_reuse_rate"], ".0%")]
+        print(f"{language:12} " + " ".join(f"{c:>9}" for c in cells))
+    print("(latencies in ms, server side: request received -> suggestion ready; reused: prompt tokens served from "
+          "the KV cache on consecutive keystrokes)")
+
+
+def run(args) -> int:
+    languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
+    sources = [s for s in SOURCES if not languages or s.language in languages]
+    if args.sessions:
+        sources = sources[: args.sessions]
+    sessions = [TypingSession.from_source(s, fetch(s)) for s in sources]
+    with tempfile.TemporaryDirectory(prefix="specdec-editor-") as tmp:
+        workdir = Path(tmp)
+        print(f"{len(sessions)} typing sessions against `specdec serve` ({args.target}, draft {args.draft})",
+              flush=True)
+        client_records, final_stats = asyncio.run(replay_all(args, sessions, workdir))
+        server_records = load_records(workdir / "state" / "metrics.jsonl")
+    summary = summarize(client_records, server_records)
+    print_table(summary)
+    out = Path(args.output if args.output != "bench-results/bench.json" else "bench-results/editor.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"summary": summary, "server_stats": final_stats,
+                               "sessions": [{"language": s.language, "file": s.path, "typed": s.typed}
+                                            for s in sessions],
+                               "requests": server_records}, indent=2))
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,29 @@
+"""`specdec bench --editor` end to end on tiny models and a short typed snippet."""
+
+import json
+from types import SimpleNamespace
+
+import tiny
+from lsp_server import editor_bench
+from specdec.bench.workload import SourceFile
+
+
+def test_editor_bench_replays_typing_and_reports(tmp_path, monkeypatch, capsys):
+    target = tiny.save(tmp_path, seed=1, name="target")
+    draft = tiny.save(tmp_path, seed=2, name="draft", layers=1, hidden=32)
+    source = SourceFile("python", "pypi", "demo==1", "demo/app.py", "MIT", "demo/demo")
+    text = "import os\n\n\ndef add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n" * 3
+    monkeypatch.setattr(editor_bench, "SOURCES", (source,))
+    monkeypatch.setattr(editor_bench, "fetch", lambda s: text)
+    monkeypatch.setattr(editor_bench, "keystroke_delays", lambda typed, seed: [0.05] * len(typed))
+    out = tmp_path / "editor.json"
+    args = SimpleNamespace(languages="", sessions=1, target=str(target), draft=str(draft), dtype="fp32",
+                           draft_quant="int8", max_new_tokens=8, max_draft=4, output=str(out))
+    assert editor_bench.run(args) == 0
+    report = json.loads(out.read_text())
+    summary = report["summary"]["python"]
+    typed = report["sessions"][0]["typed"]
+    assert summary["sent"] == len(typed)
+    assert summary["served"] + summary["empty"] + summary["cancelled"] == summary["sent"]
+    assert report["requests"], "the server recorded per-request metrics"
+    assert "hit p50" in capsys.readouterr().out

@@ -1,0 +1,74 @@
+"""Persisted metrics: aggregation per language/workspace/adapter, `specdec stats`, the chart, Prometheus."""
+
+import json
+import socket
+import time
+import urllib.request
+
+from lsp_server.metrics import MetricsStore, RequestRecord, load_records
+from specdec.cli import main
+
+
+def record(language, source="model", latency=500.0, drafted=10, accepted=6, workspace="/w", adapter=""):
+    return RequestRecord(time.time(), language, workspace, source, latency, new_tokens=8, drafted=drafted,
+                         accepted=accepted, target_passes=4, decode_seconds=1.0, prefill_reused=90,
+                         prefill_computed=10, shown=True, adapter=adapter)
+
+
+def fill(store):
+    for i in range(10):
+        store.add(record("python", latency=400 + i * 10))
+    store.add(record("python", source="cache", latency=2.0, drafted=0, accepted=0))
+    store.add(record("go", drafted=10, accepted=2, adapter="ws@v1"))
+    store.accepted("python", "/w")
+
+
+def test_aggregates(tmp_path):
+    store = MetricsStore(tmp_path / "metrics.jsonl")
+    fill(store)
+    s = store.summary()
+    py = s["languages"]["python"]
+    assert py["requests"] == 11 and py["model_requests"] == 10 and py["cache_hits"] == 1
+    assert py["acceptance_rate"] == 0.6 and py["tokens_per_pass"] == 2.0 and py["tokens_per_second"] == 8.0
+    assert py["hit_latency_p50_ms"] == 2.0 and 440 <= py["model_latency_p50_ms"] <= 460
+    assert py["prefill_reuse_rate"] == 0.9 and py["accepted"] == 1 and py["shown"] == 11
+    assert s["languages"]["go"]["acceptance_rate"] == 0.2
+    assert set(s["adapters"]) == {"/w@base", "/w@ws@v1"}
+    assert len(load_records(tmp_path / "metrics.jsonl")) == 13
+
+
+def test_torn_last_line_loses_one_record(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    store = MetricsStore(path)
+    store.add(record("python"))
+    with open(path, "a") as fh:
+        fh.write('{"kind": "requ')
+    assert len(load_records(path)) == 1
+
+
+def test_stats_command_table_json_and_plot(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_STATE_DIR", str(tmp_path))
+    assert main(["stats"]) == 0
+    assert "no metrics yet" in capsys.readouterr().out
+    fill(MetricsStore(tmp_path / "metrics.jsonl"))
+    assert main(["stats"]) == 0
+    out = capsys.readouterr().out
+    assert "python" in out and "go" in out and "0.60" in out
+    assert main(["stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["languages"]["go"]["acceptance_rate"] == 0.2
+    png = tmp_path / "acceptance.png"
+    assert main(["stats", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_prometheus_endpoint_on_loopback(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = MetricsStore(tmp_path / "metrics.jsonl")
+    store.serve_prometheus(port)
+    fill(store)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'specdec_requests_total{language="python",source="model"} 10.0' in body
+    assert 'specdec_accepted_tokens_total{language="go"} 2.0' in body
+    assert 'specdec_suggestions_accepted_total{language="python"} 1.0' in body
