@@ -26,7 +26,7 @@ def print_selection(selection) -> None:
             print(f"  never trained on: {path} ({reason})")
 
 
-def finetune_repo(args, report=print) -> dict:
+def finetune_repo(args, report=print, on_step=None) -> dict:
     from specdec.models import load
 
     root = Path(args.repo).expanduser()
@@ -60,7 +60,7 @@ def finetune_repo(args, report=print) -> dict:
            f"tokens/pass {before['total']['tokens_per_pass']:.2f}")
     workdir = data_dir() / "runs" / key
     model, result = train(draft.model, target.model if config.objective != "lm" else None, tokenizer, samples,
-                          config, workdir, progress=not args.quiet)
+                          config, workdir, progress=not (args.quiet or args.progress_json), on_step=on_step)
     after = measure(target.model, model, tokenizer, holes, args.eval_tokens)
     gain = after["total"]["acceptance_rate"] - before["total"]["acceptance_rate"]
     report(f"after:  acceptance {after['total']['acceptance_rate']:.3f} ({gain:+.3f}), "
@@ -84,11 +84,21 @@ def finetune_repo(args, report=print) -> dict:
 
 
 def cmd_finetune(args) -> int:
+    report, on_step = print, None
+    if args.progress_json:  # machine-readable progress for the language server
+        def report(message):
+            print(json.dumps({"event": "log", "message": message}), flush=True)
+
+        def on_step(step, loss):
+            print(json.dumps({"event": "step", "step": step, "max": args.max_steps, "loss": loss}), flush=True)
     try:
-        outcome = finetune_repo(args)
+        outcome = finetune_repo(args, report, on_step)
     except KeyboardInterrupt:
         print("interrupted: the checkpoint is saved and the registry is unchanged; run the same command to resume")
         return 130
+    if args.progress_json:
+        print(json.dumps({"event": "done", "registered": outcome["registered"], "gain": outcome["acceptance_gain"]}),
+              flush=True)
     if args.report:
         Path(args.report).write_text(json.dumps(outcome, indent=2, default=str))
     return 0
@@ -120,4 +130,5 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="register even if acceptance did not improve")
     p.add_argument("--report", help="write the full JSON report here")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--progress-json", action="store_true", help="JSON lines of progress on stdout (for editors)")
     p.set_defaults(func=cmd_finetune)

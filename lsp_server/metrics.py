@@ -77,19 +77,24 @@ def aggregate(records: list[dict]) -> dict:
 
 
 def summarize(records: list[dict]) -> dict:
-    """Totals, per language, per workspace, and per (workspace, adapter)."""
+    """Totals, per language, per workspace, and per (workspace, adapter version).
 
-    def group(key) -> dict:
-        groups: dict[str, list[dict]] = {}
+    Workspaces and adapters are lists of records rather than objects keyed by path, which
+    some JSON-RPC clients cannot represent.
+    """
+
+    def group(*fields: str) -> dict[tuple, dict]:
+        groups: dict[tuple, list[dict]] = {}
         for r in records:
-            groups.setdefault(key(r), []).append(r)
+            groups.setdefault(tuple(r.get(f) or "" for f in fields), []).append(r)
         return {k: aggregate(v) for k, v in sorted(groups.items())}
 
     return {
         "total": aggregate(records),
-        "languages": group(lambda r: r.get("language", "")),
-        "workspaces": group(lambda r: r.get("workspace", "")),
-        "adapters": group(lambda r: f"{r.get('workspace', '')}@{r.get('adapter') or 'base'}"),
+        "languages": {k[0]: v for k, v in group("language").items()},
+        "workspaces": [{"workspace": k[0], **v} for k, v in group("workspace").items()],
+        "adapters": [{"workspace": k[0], "adapter": k[1] or "base", **v}
+                     for k, v in group("workspace", "adapter").items()],
     }
 
 

@@ -23,6 +23,7 @@ from lsp_server.settings import Settings, SettingsError
 
 log = logging.getLogger("specdec.server")
 ACCEPT_COMMAND = "specdec.accept"
+FINETUNE_COMMAND = "specdec.finetune"
 STATS_REQUEST = "specdec/stats"
 BINARY_SNIFF = 8192
 
@@ -72,6 +73,7 @@ class SpecdecServer(LanguageServer):
         self.workspace_roots: list[str] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self._load_generation = 0
+        self.last_finetune: dict = {}
 
     # -- settings and model loading -------------------------------------------------
     def apply_settings(self, options) -> None:
@@ -125,6 +127,53 @@ class SpecdecServer(LanguageServer):
             self.work_done_progress.begin(token, types.WorkDoneProgressBegin(
                 title="specdec", message=f"loading {settings.target}", percentage=0, cancellable=False))
         threading.Thread(target=run, name="specdec-load", daemon=True).start()
+
+    async def run_finetune(self, folder: str, options: dict) -> dict:
+        """`specdec finetune FOLDER --progress-json` as a child process, reported as work-done progress."""
+        import json
+        import sys
+
+        token = f"specdec-finetune-{id(options)}-{len(folder)}"
+        caps = self.client_capabilities.window
+        progress = bool(caps and caps.work_done_progress)
+        if progress:
+            await self.work_done_progress.create_async(token)
+            self.work_done_progress.begin(token, types.WorkDoneProgressBegin(
+                title="specdec: fine-tuning the draft", message=folder, percentage=0, cancellable=False))
+        cmd = [sys.executable, "-m", "specdec.cli", "finetune", folder, "--progress-json", "--target",
+               self.settings.target, "--draft", self.settings.draft, "--dtype", self.settings.dtype]
+        for key in ("max_steps", "max_minutes", "objective", "rank", "lr"):
+            if key in options:
+                cmd += [f"--{key.replace('_', '-')}", str(options[key])]
+        if options.get("force"):
+            cmd.append("--force")
+        process = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                       stderr=asyncio.subprocess.DEVNULL)
+        outcome: dict = {}
+        async for raw in process.stdout:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if event.get("event") == "step" and progress:
+                self.work_done_progress.report(token, types.WorkDoneProgressReport(
+                    message=f"step {event['step']}/{event['max']} loss {event['loss']:.3f}",
+                    percentage=int(100 * event["step"] / max(1, event["max"]))))
+            elif event.get("event") == "done":
+                outcome = event
+        await process.wait()
+        if outcome.get("registered"):
+            message = f"adapter {outcome['registered']} registered: acceptance {outcome['gain']:+.3f}"
+        elif process.returncode == 0:
+            message = f"no adapter registered: acceptance {outcome.get('gain', 0):+.3f}"
+        else:
+            message = f"fine-tuning failed (exit {process.returncode})"
+        if progress:
+            self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+        self.window_show_message(types.ShowMessageParams(
+            types.MessageType.Info if process.returncode == 0 else types.MessageType.Error, f"specdec: {message}"))
+        self.last_finetune = {"folder": folder, "returncode": process.returncode, "message": message, **outcome}
+        return self.last_finetune
 
     # -- requests ---------------------------------------------------------------------
     def workspace_for(self, path: str) -> str:
@@ -231,10 +280,20 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
         suggestion_id = args[0] if args and isinstance(args[0], str) else None
         return {"counted": bool(suggestion_id) and ls.service.accept(suggestion_id)}
 
+    @server.command(FINETUNE_COMMAND)
+    async def finetune(ls: SpecdecServer, *args):
+        """Fine-tune the draft on a workspace folder in a subprocess; its adapter is used once registered."""
+        folder = uri_path(args[0]) if args and isinstance(args[0], str) else (ls.workspace_roots or [""])[0]
+        if not folder or not Path(folder).is_dir():
+            return {"started": False, "error": "no workspace folder to fine-tune"}
+        options = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
+        asyncio.ensure_future(ls.run_finetune(folder, options))
+        return {"started": True, "folder": folder}
+
     @server.feature(STATS_REQUEST)
     def stats(ls: SpecdecServer, params=None):
         return {"model": {"state": ls.host.state, "error": ls.host.error, "target": ls.settings.target,
                           "draft": ls.settings.draft, "strategy": ls.settings.strategy, "adapter": ls.host.adapter},
-                "scheduler": dict(ls.service.counters), **ls.metrics.summary()}
+                "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune, **ls.metrics.summary()}
 
     return server

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -62,6 +63,9 @@ class ModelHost:
         self.adapter = ""  # name@version of the draft adapter in use, for stats
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-model")
         self._draft_model = None
+        self.switchable = None  # SwitchableDraft when per-repository adapters are on
+        self.draft_hash = ""
+        self._adapter_lookup: dict[str, tuple[float, object]] = {}  # workspace -> (registry mtime, meta)
         self._settings: Settings | None = None
         self._lock = threading.Lock()
 
@@ -81,10 +85,18 @@ class ModelHost:
             try:
                 report(f"loading target {settings.target}", 10)
                 needs_draft = settings.strategy in ("draft", "auto") and settings.draft
+                adapters = settings.adapters and needs_draft
                 pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
-                                 settings.draft_quant)
+                                 "none" if adapters else settings.draft_quant)
                 report("building session", 90)
                 self._draft_model = pair.draft.model if pair.draft else None
+                self.switchable, self.adapter, self._adapter_lookup = None, "", {}
+                if adapters and pair.draft is not None:
+                    from specdec.lora import SwitchableDraft
+
+                    self.switchable = SwitchableDraft(pair.draft.model, settings.draft_quant)
+                    self._draft_model = self.switchable.model
+                    self.draft_hash = pair.draft.weight_hash
                 session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy,
                                        self._draft_model, max_draft=settings.max_draft)
                 self.completer = Completer.for_session(session, settings.fim_family or None,
@@ -114,6 +126,40 @@ class ModelHost:
         self._settings = settings
         return True
 
+    def adapter_for(self, workspace: str):
+        """The newest registered adapter of the workspace's repository made for this draft, or None."""
+        if self.switchable is None or not workspace:
+            return None
+        from adapters.registry import Registry, repo_identity
+
+        registry = Registry()
+        stamp = registry.root.stat().st_mtime_ns + sum(p.stat().st_mtime_ns for p in registry.root.iterdir())
+        cached = self._adapter_lookup.get(workspace)
+        if cached and cached[0] == stamp:
+            return cached[1]
+        meta = registry.latest(repo_identity(Path(workspace))[0])
+        if meta is not None and meta.base_draft_hash != self.draft_hash:
+            log.warning("adapter %s was made for another base draft; not using it", meta.name)
+            meta = None
+        self._adapter_lookup[workspace] = (stamp, meta)
+        return meta
+
+    def _use_adapter(self, workspace: str) -> None:
+        """Worker thread: switch the draft's adapter for this request (the draft's KV cache then restarts)."""
+        if self.switchable is None:
+            return
+        meta = self.adapter_for(workspace)
+        if meta is None:
+            changed = self.switchable.activate(None)
+            self.adapter = ""
+        else:
+            from adapters.registry import Registry
+
+            changed = self.switchable.activate(meta.name, Registry().path(meta))
+            self.adapter = meta.name
+        if changed and self.completer.session.drafter is not None:
+            self.completer.session.drafter.reset()
+
     def generate(self, request: CompletionRequest, ctx: syntax.CursorContext, settings: Settings, cancel):
         """Worker thread: one completion, trimmed by the syntax rules. Returns (text, Generation)."""
         from specdec.engine import GenerationConfig
@@ -122,6 +168,7 @@ class ModelHost:
         config = GenerationConfig(settings.max_new_tokens, SamplingConfig(settings.temperature, 0, settings.top_p),
                                   settings.max_draft)
         stop = syntax.stop_predicate(ctx) if settings.multiline or not ctx.multiline else None
+        self._use_adapter(request.workspace)
         try:
             result = self.completer.complete(request.prefix, request.suffix, config, request.path or None, stop,
                                              cancel, request.context)
@@ -149,8 +196,10 @@ class CompletionService:
 
     def _key(self, request: CompletionRequest) -> tuple:
         s = self.settings
+        adapter = self.host.adapter_for(request.workspace)
         return (request.language, request.prefix[-4000:], request.suffix[:2000], request.context[-2000:],
-                s.target, s.draft, s.strategy, s.max_new_tokens, s.temperature, s.multiline, self.host.adapter)
+                s.target, s.draft, s.strategy, s.max_new_tokens, s.temperature, s.multiline,
+                adapter.name if adapter else "")
 
     def _typeahead(self, request: CompletionRequest) -> str | None:
         last = self.last.get(request.uri)

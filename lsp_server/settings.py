@@ -37,8 +37,9 @@ class Settings:
     max_snippet_tokens: int = 256
     multiline: bool = True
     prometheus_port: int = 0  # 0: off
+    adapters: bool = True  # use the workspace repository's LoRA draft adapter when one is registered
 
-    MODEL_KEYS = ("target", "draft", "dtype", "draft_quant")
+    MODEL_KEYS = ("target", "draft", "dtype", "draft_quant", "adapters")
 
     def update(self, options: dict | None) -> "Settings":
         """A new Settings with the recognised keys of options applied; raises SettingsError on bad values."""

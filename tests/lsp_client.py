@@ -10,7 +10,8 @@ from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
 
 
-async def start(tmp_path, options: dict, env: dict | None = None, workspace=None, capabilities="visual-studio-code"):
+async def start(tmp_path, options: dict, env: dict | None = None, workspace=None, capabilities="visual-studio-code",
+                folders=None):
     import os
 
     server_env = {**os.environ, "SPECDEC_STATE_DIR": str(tmp_path / "state"), "SPECDEC_DATA_DIR": str(tmp_path / "data"),
@@ -22,7 +23,8 @@ async def start(tmp_path, options: dict, env: dict | None = None, workspace=None
     started = time.perf_counter()
     result = await client.initialize_session(types.InitializeParams(
         capabilities=client_capabilities(capabilities), initialization_options=options,
-        workspace_folders=[types.WorkspaceFolder(workspace.as_uri(), "ws")], root_uri=workspace.as_uri()))
+        workspace_folders=[types.WorkspaceFolder(f.as_uri(), f.name) for f in (folders or [workspace])],
+        root_uri=workspace.as_uri()))
     client.initialize_seconds = time.perf_counter() - started
     client.initialize_result = result
     return client

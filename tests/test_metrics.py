@@ -33,7 +33,8 @@ def test_aggregates(tmp_path):
     assert py["hit_latency_p50_ms"] == 2.0 and 440 <= py["model_latency_p50_ms"] <= 460
     assert py["prefill_reuse_rate"] == 0.9 and py["accepted"] == 1 and py["shown"] == 11
     assert s["languages"]["go"]["acceptance_rate"] == 0.2
-    assert set(s["adapters"]) == {"/w@base", "/w@ws@v1"}
+    assert {(a["workspace"], a["adapter"]) for a in s["adapters"]} == {("/w", "base"), ("/w", "ws@v1")}
+    assert s["workspaces"][0]["workspace"] == "/w" and s["workspaces"][0]["requests"] == 12
     assert len(load_records(tmp_path / "metrics.jsonl")) == 13
 
 

@@ -22,6 +22,9 @@ class FakeHost:
         self.text, self.step, self.fail = text, step, fail
         self.calls, self.cancelled_at = [], []
 
+    def adapter_for(self, workspace):
+        return None
+
     def generate(self, request, ctx, settings, cancel):
         self.calls.append(request.prefix)
         if self.fail:
