@@ -35,7 +35,8 @@ def finetune_repo(args, report=print, on_step=None) -> dict:
     config = TrainConfig(objective=args.objective, rank=args.rank, alpha=args.alpha,
                          target_modules=tuple(args.target_modules.split(",")), learning_rate=args.lr,
                          batch_size=args.batch_size, seq_len=args.seq_len, max_steps=args.max_steps,
-                         max_minutes=args.max_minutes, max_tokens=args.max_tokens, seed=args.seed)
+                         max_minutes=args.max_minutes, max_tokens=args.max_tokens, seed=args.seed,
+                         precision=getattr(args, "precision", "auto"))
     selection = select(root)
     print_selection(selection)
     split = split_files(selection, args.holdout, args.seed)
@@ -67,7 +68,8 @@ def finetune_repo(args, report=print, on_step=None) -> dict:
            f"tokens/pass {after['total']['tokens_per_pass']:.2f}")
     outcome = {"repo_key": key, "before": before, "after": after, "acceptance_gain": gain,
                "training": {**asdict(result), **asdict(config)}, "dataset": split.summary(),
-               "skipped": selection.skipped, "registered": None}
+               "skipped": selection.skipped, "registered": None,
+               "heldout_files": [str((root / f.path).resolve()) for f in split.heldout]}
     if gain > 0 or args.force:
         meta = AdapterMeta(repo_key=key, version="", repo_root=str(root.resolve()), git_remote=remote,
                            git_commit=commit, base_draft=args.draft, base_draft_hash=draft.weight_hash,
@@ -127,6 +129,8 @@ def register(sub) -> None:
     p.add_argument("--eval-holes", type=int, default=3, help="FIM holes per held-out file")
     p.add_argument("--eval-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="training precision (auto: bf16 where the hardware runs it natively)")
     p.add_argument("--force", action="store_true", help="register even if acceptance did not improve")
     p.add_argument("--report", help="write the full JSON report here")
     p.add_argument("--quiet", action="store_true")

@@ -40,10 +40,13 @@ class TrainConfig:
     max_tokens: int = 0  # 0: no token budget
     seed: int = 0
     checkpoint_every: int = 10
+    precision: str = "auto"  # auto: bf16 autocast on CUDA and on CPUs with native bf16, else fp32
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise SpecdecError(f"objective must be one of {', '.join(OBJECTIVES)}, not {self.objective!r}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise SpecdecError(f"precision must be auto, bf16 or fp32, not {self.precision!r}")
         if self.rank < 1 or self.alpha < 1 or self.max_steps < 1 or self.batch_size < 1:
             raise SpecdecError("rank, alpha, max-steps and batch size must be >= 1")
 
@@ -92,6 +95,19 @@ def loss_fn(draft_logits, ids, mask, target_logits, objective: str) -> torch.Ten
     return sum(losses) / len(losses)
 
 
+def _mixed_precision(choice: str) -> str:
+    if choice == "fp32":
+        return "no"
+    if choice == "bf16":
+        return "bf16"
+    if torch.cuda.is_available():
+        return "bf16"
+    try:  # CPUs with AVX512-BF16/AMX run bf16 matmuls natively: about twice the fp32 speed
+        return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no"
+    except (AttributeError, RuntimeError):
+        return "no"
+
+
 def _save_checkpoint(model, optimizer, state: dict, workdir: Path) -> None:
     """adapter + optimizer + state into workdir/checkpoint, replacing the old one atomically."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -135,8 +151,7 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         model = get_peft_model(draft, LoraConfig(r=config.rank, lora_alpha=config.alpha,
                                                  lora_dropout=config.dropout,
                                                  target_modules=list(config.target_modules), task_type="CAUSAL_LM"))
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(),
-                              mixed_precision="bf16" if torch.cuda.is_available() else "no")
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=_mixed_precision(config.precision))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     if state:
         saved = torch.load(workdir / "checkpoint" / "trainer.pt", weights_only=False)

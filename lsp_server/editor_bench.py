@@ -50,16 +50,16 @@ class TypingSession:
 
 
 def keystroke_delays(text: str, seed: int) -> list[float]:
-    """Seconds before each keystroke: ~8 chars/s bursts, pauses after words and at line ends."""
+    """Seconds before each keystroke: ~8 chars/s bursts; pauses to read at line ends and to think mid-line."""
     rng = random.Random(seed)
     delays = []
     for i, ch in enumerate(text):
         delay = min(0.4, max(0.04, rng.lognormvariate(-2.1, 0.35)))  # median ~120 ms
         previous = text[i - 1] if i else ""
         if previous == "\n":
-            delay += rng.uniform(0.8, 2.0)  # reading the next line
+            delay += rng.uniform(2.5, 6.0)  # reading the suggestion / the next line
         elif previous in " .(,=" and rng.random() < 0.25:
-            delay += rng.uniform(0.5, 1.5)  # thinking
+            delay += rng.uniform(1.0, 3.0)  # thinking
         delays.append(delay)
     return delays
 
@@ -195,15 +195,17 @@ def print_table(summary: dict) -> None:
         return "-" if v is None else format(v, spec)
 
     cols = ("sent", "cancel", "served", "cache", "t-ahead", "hit%", "hit p50", "hit p95", "model p50", "model p95",
-            "reused")
+            "rtt p50", "reused")
     print("\n" + f"{'language':12} " + " ".join(f"{c:>9}" for c in cols))
     for language, s in summary.items():
         cells = [s["sent"], s["cancelled"], s["served"], s["cache_hits"], s["typeahead_hits"],
                  f(s["hit_rate"], ".0%"), f(s["hit_p50_ms"], ".1f"), f(s["hit_p95_ms"], ".1f"),
-                 f(s["model_p50_ms"], ".0f"), f(s["model_p95_ms"], ".0f"), f(s["prefill_reuse_rate"], ".0%")]
+                 f(s["model_p50_ms"], ".0f"), f(s["model_p95_ms"], ".0f"), f(s["client_served_p50_ms"], ".1f"),
+                 f(s["prefill_reuse_rate"], ".0%")]
         print(f"{language:12} " + " ".join(f"{c:>9}" for c in cells))
-    print("(latencies in ms, server side: request received -> suggestion ready; reused: prompt tokens served from "
-          "the KV cache on consecutive keystrokes)")
+    print("(latencies in ms; hit/model: server side, request received -> suggestion ready; rtt p50: client-side "
+          "round trip of served requests (hits and model answers), JSON-RPC included; reused: prompt tokens served "
+          "from the KV cache on consecutive keystrokes)")
 
 
 def run(args) -> int:

@@ -76,6 +76,25 @@ def aggregate(records: list[dict]) -> dict:
     }
 
 
+def timeline(records: list[dict], window: int = 20, points: int = 60) -> dict[str, list[dict]]:
+    """Per language: acceptance, tokens/pass and latency over the last `window` model requests, at up to `points` times."""
+    by_language: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("kind") == "request" and r.get("source") == "model":
+            by_language.setdefault(r["language"], []).append(r)
+    out = {}
+    for language, rows in by_language.items():
+        step = max(1, len(rows) // points)
+        series = []
+        for i in range(step - 1, len(rows), step):
+            recent = rows[max(0, i - window + 1) : i + 1]
+            agg = aggregate(recent)
+            series.append({"time": rows[i]["time"], "acceptance_rate": agg["acceptance_rate"],
+                           "tokens_per_pass": agg["tokens_per_pass"], "latency_p50_ms": agg["latency_p50_ms"]})
+        out[language] = series
+    return out
+
+
 def summarize(records: list[dict]) -> dict:
     """Totals, per language, per workspace, and per (workspace, adapter version).
 
@@ -95,6 +114,7 @@ def summarize(records: list[dict]) -> dict:
         "workspaces": [{"workspace": k[0], **v} for k, v in group("workspace").items()],
         "adapters": [{"workspace": k[0], "adapter": k[1] or "base", **v}
                      for k, v in group("workspace", "adapter").items()],
+        "timeline": timeline(records),
     }
 
 

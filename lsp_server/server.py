@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import uuid
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -133,7 +134,7 @@ class SpecdecServer(LanguageServer):
         import json
         import sys
 
-        token = f"specdec-finetune-{id(options)}-{len(folder)}"
+        token = f"specdec-finetune-{uuid.uuid4().hex[:8]}"
         caps = self.client_capabilities.window
         progress = bool(caps and caps.work_done_progress)
         if progress:

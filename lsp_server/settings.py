@@ -32,7 +32,7 @@ class Settings:
     enabled: bool = True
     fim_family: str = ""  # empty: detect from the tokenizer
     max_prefix_tokens: int = 1024
-    max_suffix_tokens: int = 96  # PSM re-prefills the suffix on every keystroke: short keeps reuse >= 90%
+    max_suffix_tokens: int = 64  # PSM re-prefills the suffix on every keystroke: short keeps reuse >= 90%
     snippets_from_open_files: bool = True
     max_snippet_tokens: int = 256
     multiline: bool = True

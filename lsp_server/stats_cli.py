@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lsp_server.metrics import load_records, summarize
+from lsp_server.metrics import load_records, summarize, timeline
 
 
 def _fmt(value, spec: str) -> str:
@@ -24,30 +24,25 @@ def print_table(summary: dict) -> None:
 
 def plot(records: list[dict], path: str, window: int = 20) -> None:
     """Running acceptance rate (over the last `window` model requests) per language, against time."""
+    import datetime
+
     import matplotlib
 
     matplotlib.use("Agg")
-    import datetime
-
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    by_language: dict[str, list[dict]] = {}
-    for r in records:
-        if r.get("kind") == "request" and r.get("source") == "model" and r.get("drafted"):
-            by_language.setdefault(r["language"], []).append(r)
-    for language, rows in sorted(by_language.items()):
-        times, rates = [], []
-        for i in range(len(rows)):
-            recent = rows[max(0, i - window + 1) : i + 1]
-            rates.append(sum(r["accepted"] for r in recent) / sum(r["drafted"] for r in recent))
-            times.append(datetime.datetime.fromtimestamp(rows[i]["time"]))
-        ax.plot(times, rates, marker=".", label=language)
+    series = {lang: [p for p in points if p["acceptance_rate"] is not None]
+              for lang, points in timeline(records, window, points=500).items()}
+    series = {lang: points for lang, points in series.items() if points}
+    for language, points in sorted(series.items()):
+        ax.plot([datetime.datetime.fromtimestamp(p["time"]) for p in points], [p["acceptance_rate"] for p in points],
+                marker=".", label=language)
     ax.set_ylim(0, 1)
     ax.set_ylabel(f"acceptance rate (last {window} requests)")
     ax.set_title("specdec: speculative acceptance per language")
     ax.grid(alpha=0.3)
-    if by_language:
+    if series:
         ax.legend()
     else:
         ax.text(0.5, 0.5, "no model requests recorded yet", ha="center", transform=ax.transAxes)

@@ -88,11 +88,12 @@ def cmd_complete(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.editor:
+    kind = "editor" if args.editor else "finetune" if args.finetune else None
+    if kind:
         runners = {ep.name: ep for ep in entry_points(group=BENCH_GROUP)}
-        if "editor" not in runners:
-            raise SpecdecError("the editor benchmark needs the lsp_server package installed")
-        return runners["editor"].load()(args)
+        if kind not in runners:
+            raise SpecdecError(f"the {kind} benchmark needs its package ({'lsp_server' if args.editor else 'finetune'})")
+        return runners[kind].load()(args)
     from specdec.bench.runner import run_bench
 
     return run_bench(args)
@@ -131,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default="hf-plain,hf-assisted,hf-lookup,plain,lookup,draft,auto",
                    help="comma-separated; the first is the speedup baseline; hf-* are HF generate baselines")
     p.add_argument("--languages", default="", help="comma-separated subset (default: all)")
-    p.add_argument("--holes", type=int, default=0, help="at most this many holes per language (0: all)")
+    p.add_argument("--holes", type=int, default=0, help="holes per file (default 2)")
+    p.add_argument("--files", nargs="+", help="benchmark these local files instead of the built-in workload")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--max-draft", type=int, default=8)
     p.add_argument("--max-prefix-tokens", type=int, default=512)
@@ -141,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--editor", action="store_true",
                    help="latency benchmark instead: replay typing sessions against `specdec serve` over stdio")
     p.add_argument("--sessions", type=int, default=0, help="--editor: at most this many typing sessions (0: all)")
+    p.add_argument("--finetune", metavar="REPO", help="adapter benchmark instead: fine-tune on REPO, then compare "
+                                                     "speculation on its held-out files without/with the adapter")
+    p.add_argument("--objective", default="distill", help="--finetune: training objective")
+    p.add_argument("--max-minutes", type=float, default=30.0, help="--finetune: training time budget")
     p.set_defaults(func=cmd_bench)
 
     for plugin in entry_points(group=PLUGIN_GROUP):  # serve, stats, finetune, adapters: packages that build on specdec

@@ -46,7 +46,7 @@ def hf_generate(strategy: str, target, draft, prompt: list[int], max_new: int, s
 
 
 def run_bench(args) -> int:
-    from specdec.bench.workload import SOURCES, load_workload
+    from specdec.bench.workload import SOURCES, load_workload, local_sources
     from specdec.completion import Completer
     from specdec.engine import GenerationConfig, Session
     from specdec.errors import SpecdecError
@@ -58,7 +58,8 @@ def run_bench(args) -> int:
     if unknown:
         raise SpecdecError(f"unknown strategies {unknown}; known: {', '.join(HF + OURS)}")
     languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
-    holes = load_workload(languages, args.holes or 2)
+    sources = local_sources(args.files) if args.files else SOURCES
+    holes = load_workload(languages, args.holes or 2, sources)
     needs_draft = any(s in ("hf-assisted", "draft", "auto") for s in strategies)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
                      adapter=args.adapter)
@@ -116,7 +117,7 @@ def run_bench(args) -> int:
     out.write_text(json.dumps({
         "config": {k: v for k, v in vars(args).items() if k != "func"},
         "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,
-                     "license": s.license, "project": s.project} for s in SOURCES],
+                     "license": s.license, "project": s.project} for s in sources],
         "peak_rss_mb": round(peak_rss_mb()),
         "summary": summary,
         "rows": rows,

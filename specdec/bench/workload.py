@@ -91,8 +91,24 @@ def _extract(archive: Path, member: str) -> bytes:
         return tf.extractfile(member).read()
 
 
+def local_sources(paths: list[str]) -> tuple[SourceFile, ...]:
+    """A workload of local files (say, a repository's held-out files after `specdec finetune`)."""
+    from specdec.languages import EXTENSIONS
+
+    sources = []
+    for p in paths:
+        path = Path(p).expanduser()
+        if not path.is_file():
+            raise SpecdecError(f"no such file: {p}")
+        sources.append(SourceFile(EXTENSIONS.get(path.suffix.lower(), "plaintext"), "local", str(path.resolve()),
+                                  str(path.resolve()), "local", "local"))
+    return tuple(sources)
+
+
 def fetch(source: SourceFile) -> str:
-    """The source file's text, from the cache or its registry."""
+    """The source file's text, from the cache or its registry (local files are read in place)."""
+    if source.registry == "local":
+        return Path(source.member).read_text(encoding="utf-8", errors="replace")
     folder = cache_dir() / "bench-sources"
     key = hashlib.sha256(f"{source.package}:{source.member}".encode()).hexdigest()[:12]
     cached = folder / f"{source.language}-{key}-{Path(source.member).name}"
@@ -150,9 +166,10 @@ def cut_holes(source: SourceFile, text: str, count: int, seed: int = 0) -> list[
     return holes
 
 
-def load_workload(languages: list[str] | None = None, holes_per_file: int = 2) -> list[Hole]:
+def load_workload(languages: list[str] | None = None, holes_per_file: int = 2,
+                  sources: tuple[SourceFile, ...] = SOURCES) -> list[Hole]:
     holes = []
-    for source in SOURCES:
+    for source in sources:
         if languages and source.language not in languages:
             continue
         holes.extend(cut_holes(source, fetch(source), holes_per_file))

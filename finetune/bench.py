@@ -1,0 +1,57 @@
+"""`specdec bench --finetune REPO`: does a repository's adapter make speculation faster on its held-out files?
+
+Fine-tunes the draft on the repository (held-out files excluded, time-budgeted), then
+runs the engine benchmark on the held-out files twice, with the base draft and with the
+adapter merged into it, and prints acceptance, tokens per pass and speedup before/after.
+"""
+
+from __future__ import annotations
+
+import json
+from copy import copy
+from pathlib import Path
+from types import SimpleNamespace
+
+from adapters.registry import Registry
+from finetune.run import finetune_repo
+
+
+def run(args) -> int:
+    from specdec.bench.runner import run_bench
+
+    ft_args = SimpleNamespace(
+        repo=args.finetune, target=args.target, draft=args.draft, dtype=args.dtype, objective=args.objective,
+        rank=16, alpha=32, target_modules="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", lr=3e-4,
+        batch_size=2, seq_len=384, max_steps=100_000, max_minutes=args.max_minutes, max_tokens=0, holdout=0.1,
+        eval_holes=3, eval_tokens=32, seed=0, force=True, report=None, quiet=False, progress_json=False,
+        precision="auto")
+    outcome = finetune_repo(ft_args)
+    meta = Registry().get(*outcome["registered"].split("@"))
+    files = outcome["heldout_files"]
+    out = Path(args.output if args.output != "bench-results/bench.json" else "bench-results/finetune.json")
+    runs = {}
+    for label, adapter in (("base", None), ("adapter", str(Registry().path(meta)))):
+        bench_args = copy(args)
+        bench_args.files, bench_args.adapter, bench_args.editor = files, adapter, False
+        bench_args.strategies = "hf-plain,draft"
+        bench_args.output = str(out.with_name(f"{out.stem}-{label}.json"))
+        print(f"\n== engine benchmark on {len(files)} held-out files, {label} draft", flush=True)
+        run_bench(bench_args)
+        runs[label] = json.loads(Path(bench_args.output).read_text())["summary"]["overall"]["draft"]
+    b, a = outcome["before"]["total"], outcome["after"]["total"]
+    print(f"\nRepository {args.finetune}: trained {outcome['training']['steps']} steps "
+          f"({outcome['training']['seconds'] / 60:.1f} min, {outcome['training']['tokens']} tokens, "
+          f"objective {args.objective}); {len(files)} held-out files")
+    print(f"{'':26} {'base':>8} {'adapter':>8} {'change':>8}")
+    print(f"{'acceptance (fixed k=4)':26} {b['acceptance_rate']:8.3f} {a['acceptance_rate']:8.3f} "
+          f"{a['acceptance_rate'] - b['acceptance_rate']:+8.3f}")
+    print(f"{'tokens per pass (k=4)':26} {b['tokens_per_pass']:8.2f} {a['tokens_per_pass']:8.2f} "
+          f"{a['tokens_per_pass'] / b['tokens_per_pass'] - 1:+8.1%}")
+    rb, ra = runs["base"], runs["adapter"]
+    print(f"{'bench acceptance (draft)':26} {rb['acceptance_rate']:8.3f} {ra['acceptance_rate']:8.3f} "
+          f"{ra['acceptance_rate'] - rb['acceptance_rate']:+8.3f}")
+    print(f"{'bench speedup vs hf-plain':26} {rb['speedup_median']:8.2f} {ra['speedup_median']:8.2f} "
+          f"{ra['speedup_median'] / rb['speedup_median'] - 1:+8.1%}")
+    out.write_text(json.dumps({"finetune": outcome, "bench": runs, "adapter": meta.name}, indent=2, default=str))
+    print(f"wrote {out}")
+    return 0

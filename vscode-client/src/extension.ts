@@ -1,0 +1,166 @@
+// The specdec VS Code extension: starts `specdec serve`, shows its inline completions (registered by
+// vscode-languageclient), a live status bar item, a stats view, and fine-tune / toggle commands.
+import * as vscode from "vscode";
+import {
+  CloseAction,
+  ErrorAction,
+  LanguageClient,
+  LanguageClientOptions,
+  ServerOptions,
+  State,
+  TransportKind,
+} from "vscode-languageclient/node";
+
+import { SpecdecConfig, ServerStats, initializationOptions, serverCommand, statusText } from "./settings";
+import { statsHtml } from "./statsView";
+
+const POLL_MS = 3000;
+const MAX_RESTARTS = 5;
+
+let client: LanguageClient | undefined;
+let status: vscode.StatusBarItem;
+let lastStats: ServerStats | undefined;
+let statsPanel: vscode.WebviewPanel | undefined;
+let restarts: number[] = [];
+
+function readConfig(): SpecdecConfig {
+  const c = vscode.workspace.getConfiguration("specdec");
+  return {
+    serverCommand: c.get<string[]>("serverCommand", ["specdec", "serve"]),
+    pythonInterpreter: c.get<string>("pythonInterpreter", ""),
+    target: c.get<string>("target", "Qwen/Qwen2.5-Coder-1.5B"),
+    draft: c.get<string>("draft", "Qwen/Qwen2.5-Coder-0.5B"),
+    strategy: c.get<string>("strategy", "auto"),
+    maxNewTokens: c.get<number>("maxNewTokens", 64),
+    debounceMs: c.get<number>("debounceMs", 100),
+    languages: c.get<string[]>("languages", []),
+    enabled: c.get<boolean>("enabled", true),
+    adapters: c.get<boolean>("adapters", true),
+  };
+}
+
+function createClient(output: vscode.OutputChannel): LanguageClient {
+  const config = readConfig();
+  const { command, args } = serverCommand(config);
+  const serverOptions: ServerOptions = { command, args, transport: TransportKind.stdio };
+  const clientOptions: LanguageClientOptions = {
+    documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
+    initializationOptions: initializationOptions(config),
+    outputChannel: output,
+    // the server re-reads these on workspace/didChangeConfiguration (section "specdec")
+    synchronize: { configurationSection: "specdec" },
+    errorHandler: {
+      error: () => ({ action: ErrorAction.Continue }),
+      closed: () => {
+        const now = Date.now();
+        restarts = restarts.filter((t) => now - t < 180_000);
+        restarts.push(now);
+        if (restarts.length > MAX_RESTARTS) {
+          void vscode.window.showErrorMessage(
+            "specdec: the completion server keeps stopping; not restarting it. See the 'specdec' output.");
+          return { action: CloseAction.DoNotRestart };
+        }
+        void vscode.window.showWarningMessage("specdec: the completion server stopped; restarting it.");
+        return { action: CloseAction.Restart };
+      },
+    },
+  };
+  return new LanguageClient("specdec", "specdec", serverOptions, clientOptions);
+}
+
+async function pollStats(): Promise<void> {
+  if (client && client.state === State.Running) {
+    try {
+      lastStats = await client.sendRequest<ServerStats>("specdec/stats", {});
+    } catch {
+      lastStats = undefined;
+    }
+  }
+  const language = vscode.window.activeTextEditor?.document.languageId;
+  status.text = statusText(lastStats, language, readConfig().enabled);
+  status.tooltip = lastStats
+    ? `specdec: ${lastStats.model.target} (${lastStats.model.strategy})` +
+      (lastStats.model.adapter ? `, adapter ${lastStats.model.adapter}` : "") + " — click for stats"
+    : "specdec";
+  if (statsPanel && lastStats) {
+    void statsPanel.webview.postMessage(lastStats);
+  }
+}
+
+function showStats(context: vscode.ExtensionContext): void {
+  if (statsPanel) {
+    statsPanel.reveal();
+    return;
+  }
+  statsPanel = vscode.window.createWebviewPanel("specdecStats", "specdec stats", vscode.ViewColumn.Beside,
+    { enableScripts: true, localResourceRoots: [] });
+  statsPanel.webview.html = statsHtml(statsPanel.webview.cspSource);
+  statsPanel.onDidDispose(() => (statsPanel = undefined), null, context.subscriptions);
+  void pollStats();
+}
+
+async function finetuneWorkspace(): Promise<void> {
+  const folders = vscode.workspace.workspaceFolders ?? [];
+  const folder = folders.length === 1 ? folders[0] :
+    await vscode.window.showWorkspaceFolderPick({ placeHolder: "Repository to fine-tune the draft on" });
+  if (!folder || !client) {
+    return;
+  }
+  await vscode.window.withProgress(
+    { location: vscode.ProgressLocation.Notification, title: `specdec: fine-tuning the draft on ${folder.name}` },
+    async (progress) => {
+      const started = await client!.sendRequest<{ started: boolean; error?: string }>("workspace/executeCommand",
+        { command: "specdec.finetune", arguments: [folder.uri.toString()] });
+      if (!started.started) {
+        void vscode.window.showErrorMessage(`specdec: ${started.error ?? "fine-tuning did not start"}`);
+        return;
+      }
+      const before = JSON.stringify(lastStats?.finetune ?? {});
+      for (;;) {  // the server reports step progress itself; wait for its result
+        await new Promise((r) => setTimeout(r, POLL_MS));
+        await pollStats();
+        const now = lastStats?.finetune;
+        if (now && JSON.stringify(now) !== before) {
+          progress.report({ message: now.message });
+          void vscode.window.showInformationMessage(`specdec: ${now.message ?? "fine-tuning finished"}`);
+          return;
+        }
+      }
+    });
+}
+
+export async function activate(context: vscode.ExtensionContext): Promise<void> {
+  const output = vscode.window.createOutputChannel("specdec");
+  status = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+  status.command = "specdec.showStats";
+  status.text = "$(sync~spin) specdec starting";
+  status.show();
+  client = createClient(output);
+  context.subscriptions.push(
+    output, status,
+    vscode.commands.registerCommand("specdec.showStats", () => showStats(context)),
+    vscode.commands.registerCommand("specdec.finetuneWorkspace", finetuneWorkspace),
+    vscode.commands.registerCommand("specdec.toggle", async () => {
+      const c = vscode.workspace.getConfiguration("specdec");
+      await c.update("enabled", !c.get<boolean>("enabled", true), vscode.ConfigurationTarget.Global);
+      void pollStats();
+    }),
+    vscode.commands.registerCommand("specdec.restartServer", async () => {
+      restarts = [];
+      await client?.restart();
+    }),
+    vscode.window.onDidChangeActiveTextEditor(() => void pollStats()),
+  );
+  const timer = setInterval(() => void pollStats(), POLL_MS);
+  context.subscriptions.push({ dispose: () => clearInterval(timer) });
+  try {
+    await client.start();
+  } catch (err) {
+    void vscode.window.showErrorMessage(
+      `specdec: could not start the server (${String(err)}). Set specdec.serverCommand or specdec.pythonInterpreter.`);
+  }
+}
+
+export async function deactivate(): Promise<void> {
+  await client?.stop();
+}

@@ -1,0 +1,38 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { SpecdecConfig, ServerStats, initializationOptions, serverCommand, statusText } from "../settings";
+
+const config: SpecdecConfig = {
+  serverCommand: ["/opt/venv/bin/specdec", "serve"], pythonInterpreter: "", target: "t", draft: "d",
+  strategy: "auto", maxNewTokens: 32, debounceMs: 50, languages: ["python"], enabled: true, adapters: true,
+};
+
+test("server command from serverCommand or the interpreter", () => {
+  assert.deepEqual(serverCommand(config), { command: "/opt/venv/bin/specdec", args: ["serve"] });
+  assert.deepEqual(serverCommand({ ...config, pythonInterpreter: "/usr/bin/python3" }),
+    { command: "/usr/bin/python3", args: ["-m", "specdec.cli", "serve"] });
+  assert.deepEqual(serverCommand({ ...config, serverCommand: [] }), { command: "specdec", args: ["serve"] });
+});
+
+test("initialization options carry the settings the server reads", () => {
+  const options = initializationOptions(config);
+  assert.equal(options.maxNewTokens, 32);
+  assert.equal(options.debounceMs, 50);
+  assert.deepEqual(options.languages, ["python"]);
+  assert.equal("serverCommand" in options, false);
+});
+
+test("status bar text follows the model state and the active language", () => {
+  const stats: ServerStats = {
+    model: { state: "ready", error: "", target: "t", strategy: "auto", adapter: "" },
+    languages: { python: { acceptance_rate: 0.634, tokens_per_second: 7.25, tokens_per_pass: 2.1, model_requests: 3 } },
+    timeline: {},
+  };
+  assert.equal(statusText(stats, "python", true), "$(zap) 63% accepted · 7.3 tok/s");
+  assert.equal(statusText(stats, "go", true), "$(zap) specdec ready");
+  assert.equal(statusText(stats, "python", false), "$(circle-slash) specdec off");
+  assert.equal(statusText(undefined, "python", true), "$(sync~spin) specdec starting");
+  assert.match(statusText({ ...stats, model: { ...stats.model, state: "loading" } }, "python", true), /loading/);
+  assert.match(statusText({ ...stats, model: { ...stats.model, state: "failed" } }, "python", true), /failed/);
+});
