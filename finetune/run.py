@@ -16,6 +16,8 @@ from specdec import fim
 from specdec.errors import SpecdecError
 from specdec.paths import data_dir
 
+MAX_SAMPLES = 2000  # more than a 30-minute CPU budget consumes; a larger budget cycles through them again
+
 
 def print_selection(selection) -> None:
     print(f"{len(selection.files)} files selected, {len(selection.skipped)} skipped")
@@ -50,7 +52,7 @@ def finetune_repo(args, report=print, on_step=None) -> dict:
     check_same_tokenizer(target.tokenizer, draft.tokenizer, args.target, args.draft)
     tokenizer = target.tokenizer
     template = fim.detect(tokenizer)
-    count = config.max_steps * config.batch_size
+    count = min(config.max_steps * config.batch_size, MAX_SAMPLES)  # training cycles through the pool
     if config.max_tokens:
         count = min(count, config.max_tokens // max(16, config.seq_len // 2) + config.batch_size)
     samples = SampleBuilder(tokenizer, template, config.seq_len).samples(split.train, count, args.seed)
