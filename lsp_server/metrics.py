@@ -25,6 +25,7 @@ class RequestRecord:
     source: str  # "model" | "cache" | "typeahead"
     latency_ms: float  # request received -> suggestion ready
     new_tokens: int = 0
+    produced: int = 0  # new tokens plus the stop token that ended generation, if any (see GenerationStats)
     drafted: int = 0
     accepted: int = 0
     target_passes: int = 0
@@ -59,7 +60,7 @@ def aggregate(records: list[dict]) -> dict:
         "cache_hits": sum(1 for r in requests if r["source"] == "cache"),
         "typeahead_hits": sum(1 for r in requests if r["source"] == "typeahead"),
         "acceptance_rate": sum(r["accepted"] for r in model) / drafted if drafted else None,
-        "tokens_per_pass": sum(r["new_tokens"] for r in model) / passes if passes else None,
+        "tokens_per_pass": sum(r.get("produced", r["new_tokens"]) for r in model) / passes if passes else None,
         "tokens_per_second": sum(r["new_tokens"] for r in model) / decode if decode else None,
         "latency_p50_ms": percentile([r["latency_ms"] for r in requests], 0.5),
         "latency_p95_ms": percentile([r["latency_ms"] for r in requests], 0.95),

@@ -219,7 +219,8 @@ class CompletionService:
                                shown=bool(text), adapter=self.host.adapter)
         if generation is not None:
             s = generation.stats
-            record.new_tokens, record.drafted, record.accepted = s.new_tokens, s.drafted, s.accepted
+            record.new_tokens, record.produced = s.new_tokens, s.produced
+            record.drafted, record.accepted = s.drafted, s.accepted
             record.target_passes, record.decode_seconds = s.target_passes, s.seconds - s.prefill_seconds
             record.prefill_reused, record.prefill_computed = s.prefill_reused, s.prefill_computed
         self.metrics.add(record)

@@ -10,7 +10,7 @@ from specdec.cli import main
 
 
 def record(language, source="model", latency=500.0, drafted=10, accepted=6, workspace="/w", adapter=""):
-    return RequestRecord(time.time(), language, workspace, source, latency, new_tokens=8, drafted=drafted,
+    return RequestRecord(time.time(), language, workspace, source, latency, new_tokens=8, produced=8, drafted=drafted,
                          accepted=accepted, target_passes=4, decode_seconds=1.0, prefill_reused=90,
                          prefill_computed=10, shown=True, adapter=adapter)
 

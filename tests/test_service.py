@@ -36,7 +36,8 @@ class FakeHost:
                 return out, SimpleNamespace(stop_reason="cancelled", stats=GenerationStats())
             time.sleep(self.step)
             out += ch
-        stats = GenerationStats(new_tokens=len(out), drafted=10, accepted=7, target_passes=4, seconds=0.3)
+        stats = GenerationStats(new_tokens=len(out), produced=len(out) + 1, drafted=10, accepted=7, target_passes=4,
+                                seconds=0.3)
         return out, SimpleNamespace(stop_reason="eos", stats=stats)
 
 
@@ -149,6 +150,7 @@ async def test_acceptance_is_counted_once_per_suggestion(tmp_path):
     lang = summary["languages"]["python"]
     assert lang["shown"] == 1 and lang["accepted"] == 1 and lang["user_accept_rate"] == 1.0
     assert lang["acceptance_rate"] == pytest.approx(0.7)
+    assert lang["tokens_per_pass"] == pytest.approx((len("return a + b") + 1) / 4)  # the stop token counts
 
 
 def test_settings_camel_case_section_and_validation():
