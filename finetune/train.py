@@ -202,8 +202,13 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
             step += 1
             tokens += int(mask.sum())
             result.losses.append(float(loss))
-            rate = tokens / max(1e-6, time.monotonic() - started)
-            bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{rate:.0f}")
+            spent = max(1e-6, time.monotonic() - started)
+            per_step = spent / max(1, step - result.resumed_from)
+            left = min((config.max_steps - step) * per_step, config.max_minutes * 60 - spent)
+            if config.max_tokens:
+                left = min(left, (config.max_tokens - tokens) / max(1e-6, tokens / spent))
+            bar.set_postfix(loss=f"{float(loss):.3f}", tok_s=f"{tokens / spent:.0f}",
+                            eta=f"{int(max(0, left)) // 60}:{int(max(0, left)) % 60:02d}")
             bar.update()
             if on_step:
                 on_step(step, float(loss))
