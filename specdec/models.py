@@ -113,8 +113,10 @@ def pull(model_id: str, source: str = "auto") -> Path:
 
 def _write_link(out_dir: Path, target: Path, provenance: dict[str, Any]) -> None:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    if out_dir.is_symlink() or out_dir.exists():
-        shutil.rmtree(out_dir, ignore_errors=True) if not out_dir.is_symlink() else out_dir.unlink()
+    if out_dir.is_symlink():
+        out_dir.unlink()
+    elif out_dir.exists():
+        shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.symlink_to(target, target_is_directory=True)
     (models_dir() / f"{out_dir.name}.{PROVENANCE}").write_text(json.dumps(provenance))
 
