@@ -33,13 +33,15 @@ def measure(target, draft, tokenizer, holes, max_new_tokens: int = 32, k: int = 
         session.reset()
         stats = completer.complete(hole.prefix, hole.suffix, GenerationConfig(max_new_tokens, max_draft=k)).stats
         for key in (hole.language, "total"):
-            agg = per.setdefault(key, {"holes": 0, "drafted": 0, "accepted": 0, "new_tokens": 0, "passes": 0})
+            agg = per.setdefault(key, {"holes": 0, "drafted": 0, "accepted": 0, "new_tokens": 0, "produced": 0,
+                                       "passes": 0})
             agg["holes"] += 1
             agg["drafted"] += stats.drafted
             agg["accepted"] += stats.accepted
             agg["new_tokens"] += stats.new_tokens
+            agg["produced"] += stats.produced
             agg["passes"] += stats.target_passes
     for agg in per.values():
         agg["acceptance_rate"] = agg["accepted"] / agg["drafted"] if agg["drafted"] else 0.0
-        agg["tokens_per_pass"] = agg["new_tokens"] / agg["passes"] if agg["passes"] else 0.0
+        agg["tokens_per_pass"] = agg["produced"] / agg["passes"] if agg["passes"] else 0.0  # as GenerationStats
     return per

@@ -95,7 +95,8 @@ def run_bench(args) -> int:
                 result = session.generate(prompt, config)
                 tokens, s = result.tokens, result.stats
                 row.update(seconds=s.seconds, new_tokens=len(tokens), mode="cold" if args.cold else "warm",
-                           target_passes=s.target_passes, drafted=s.drafted, accepted=s.accepted,
+                           produced=s.produced, target_passes=s.target_passes, drafted=s.drafted,
+                           accepted=s.accepted,
                            acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass,
                            prefill_reused=s.prefill_reused, prefill_computed=s.prefill_computed,
                            prefill_seconds=s.prefill_seconds, draft_seconds=s.draft_seconds,
@@ -147,7 +148,7 @@ def summarize(rows: list[dict], strategies: list[str]) -> dict:
             "speedup_min": min(speedups) if speedups else None,
             "vs_hf_assisted_median": statistics.median(vs_assisted) if vs_assisted else None,
             "acceptance_rate": sum(r.get("accepted", 0) for r in subset) / drafted if drafted else None,
-            "tokens_per_pass": sum(r["new_tokens"] for r in subset) / passes if passes else None,
+            "tokens_per_pass": sum(r.get("produced", 0) for r in subset) / passes if passes else None,
             "equal_to_plain": sum(r["equals_plain"] for r in subset) / len(subset),
             "prefill_reused": sum(r.get("prefill_reused", 0) for r in subset),
             "prefill_computed": sum(r.get("prefill_computed", 0) for r in subset),
