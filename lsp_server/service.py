@@ -41,6 +41,7 @@ class CompletionRequest:
     path: str = ""
     context: str = ""  # snippets from other open files, already in the model's format
     received: float = field(default_factory=time.perf_counter)
+    adapter: str = ""  # name@version of the workspace's draft adapter, "" for the base draft
 
 
 @dataclass
@@ -196,10 +197,8 @@ class CompletionService:
 
     def _key(self, request: CompletionRequest) -> tuple:
         s = self.settings
-        adapter = self.host.adapter_for(request.workspace)
         return (request.language, request.prefix[-4000:], request.suffix[:2000], request.context[-2000:],
-                s.target, s.draft, s.strategy, s.max_new_tokens, s.temperature, s.multiline,
-                adapter.name if adapter else "")
+                s.target, s.draft, s.strategy, s.max_new_tokens, s.temperature, s.multiline, request.adapter)
 
     def _typeahead(self, request: CompletionRequest) -> str | None:
         last = self.last.get(request.uri)
@@ -216,7 +215,7 @@ class CompletionService:
     def _finish(self, request: CompletionRequest, text: str, source: str, generation=None) -> Suggestion | None:
         latency_ms = (time.perf_counter() - request.received) * 1000
         record = RequestRecord(time.time(), request.language, request.workspace, source, latency_ms,
-                               shown=bool(text), adapter=self.host.adapter)
+                               shown=bool(text), adapter=request.adapter)
         if generation is not None:
             s = generation.stats
             record.new_tokens, record.produced = s.new_tokens, s.produced
@@ -227,7 +226,7 @@ class CompletionService:
         if not text:
             return None
         suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, request.language, request.workspace,
-                                self.host.adapter)
+                                request.adapter)
         self.shown[suggestion.id] = suggestion
         while len(self.shown) > 256:
             self.shown.popitem(last=False)
@@ -251,6 +250,8 @@ class CompletionService:
         settings = self.settings
         if not settings.language_enabled(request.language):
             return None
+        adapter = self.host.adapter_for(request.workspace)  # hits are attributed to it too, not to the last run's
+        request.adapter = adapter.name if adapter else ""
         text = self._typeahead(request)
         if text is not None:
             return self._finish(request, text, "typeahead")

@@ -170,3 +170,17 @@ async def test_identical_concurrent_requests_share_one_generation(tmp_path):
     second = await svc.complete(request())
     assert (await first).text == second.text == "return a + b"
     assert len(svc.host.calls) == 1 and svc.counters["cancelled"] == 0
+
+
+async def test_hits_are_attributed_to_their_own_workspaces_adapter(tmp_path):
+    host = FakeHost()
+    host.adapter_for = lambda workspace: SimpleNamespace(name="repo@v1") if workspace == "/w" else None
+    svc = service(tmp_path, host)
+    await svc.complete(request())  # model request in /w, adapter repo@v1
+    other = CompletionRequest("file:///x/b.py", "python", "/x", "def add(a, b):\n    ", "\n")
+    await svc.complete(other)  # same text in another workspace: no adapter, so no shared cache entry
+    typed = await svc.complete(request(prefix="def add(a, b):\n    ret"))
+    assert typed.source == "typeahead" and typed.adapter == "repo@v1"
+    rows = {(a["workspace"], a["adapter"]): a for a in svc.metrics.summary()["adapters"]}
+    assert rows[("/w", "repo@v1")]["requests"] == 2 and rows[("/w", "repo@v1")]["typeahead_hits"] == 1
+    assert rows[("/x", "base")]["model_requests"] == 1 and len(host.calls) == 2
