@@ -17,13 +17,10 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
         raise SpecdecError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
     if strategy == "plain":
         return None
-    lookup = PromptLookup(length=DraftLength(k_max=max_draft, draft_cost=0.0, acceptance=0.5, adaptive=adaptive))
-    if strategy == "lookup":
-        return lookup
-    if draft_model is None:
-        if strategy == "draft":
-            raise SpecdecError("strategy 'draft' needs a draft model (--draft)")
-        return lookup
+    if strategy == "draft" and draft_model is None:
+        raise SpecdecError("strategy 'draft' needs a draft model (--draft)")
+    if strategy == "lookup" or draft_model is None:  # auto without a draft model is lookup alone
+        return PromptLookup(length=DraftLength(k_max=max_draft, draft_cost=0.0, acceptance=0.5, adaptive=adaptive))
     model = DraftModel(draft_model, DraftLength(k_max=max_draft, adaptive=adaptive))
     if strategy == "draft":
         return model
