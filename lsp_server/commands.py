@@ -33,7 +33,9 @@ def cmd_stats(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="run the language server (stdio by default)")
-    p.add_argument("--tcp", help="listen on HOST:PORT instead of stdio (host defaults to 127.0.0.1)")
+    transport = p.add_mutually_exclusive_group()
+    transport.add_argument("--stdio", action="store_true", help="LSP over stdio (the default; editors pass it)")
+    transport.add_argument("--tcp", help="listen on HOST:PORT instead of stdio (host defaults to 127.0.0.1)")
     p.add_argument("--log-file", help="log here instead of stderr")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)

