@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv with everything specdec needs (CPU torch from the pinned local wheel).
 #   ./setup.sh          runtime
-#   ./setup.sh --test   runtime + test tools
+#   ./setup.sh --test   runtime + test tools, and (where npm is available) the VS Code extension's build and the
+#                       real-editor test's tools: code-server, node 24, Debian chromium
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv
@@ -10,3 +11,15 @@ extra=""
 [ "${1:-}" = "--test" ] && extra="[test]"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extra}"
 echo "specdec installed in .venv ($(.venv/bin/specdec --help >/dev/null && echo ok))"
+
+if [ "${1:-}" = "--test" ]; then
+  if command -v npm >/dev/null && (cd vscode-client && npm ci --silent && npm run --silent build) \
+      && vscode-client/e2e/install-tools.sh; then
+    echo "VS Code extension built; real-editor test tools ready"
+  elif [ "${CI:-}" = "true" ]; then
+    echo "setup: the VS Code extension or its real-editor test tools failed to install" >&2
+    exit 1
+  else
+    echo "setup: WARNING: no npm or the VS Code tools failed to install; tests/test_vscode.py will be skipped" >&2
+  fi
+fi

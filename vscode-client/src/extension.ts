@@ -8,7 +8,6 @@ import {
   LanguageClientOptions,
   ServerOptions,
   State,
-  TransportKind,
 } from "vscode-languageclient/node";
 
 import { SpecdecConfig, ServerStats, initializationOptions, serverCommand, statusText } from "./settings";
@@ -31,6 +30,7 @@ function readConfig(): SpecdecConfig {
     target: c.get<string>("target", "Qwen/Qwen2.5-Coder-1.5B"),
     draft: c.get<string>("draft", "Qwen/Qwen2.5-Coder-0.5B"),
     strategy: c.get<string>("strategy", "auto"),
+    dtype: c.get<string>("dtype", "bf16"),
     maxNewTokens: c.get<number>("maxNewTokens", 64),
     debounceMs: c.get<number>("debounceMs", 100),
     languages: c.get<string[]>("languages", []),
@@ -39,10 +39,10 @@ function readConfig(): SpecdecConfig {
   };
 }
 
-function createClient(output: vscode.OutputChannel): LanguageClient {
+function createClient(output: vscode.LogOutputChannel): LanguageClient {
   const config = readConfig();
   const { command, args } = serverCommand(config);
-  const serverOptions: ServerOptions = { command, args, transport: TransportKind.stdio };
+  const serverOptions: ServerOptions = { command, args };  // stdio; no transport, so no `--stdio` is appended
   const clientOptions: LanguageClientOptions = {
     documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
     initializationOptions: initializationOptions(config),
@@ -130,7 +130,7 @@ async function finetuneWorkspace(): Promise<void> {
 }
 
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
-  const output = vscode.window.createOutputChannel("specdec");
+  const output = vscode.window.createOutputChannel("specdec", { log: true });
   status = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
   status.command = "specdec.showStats";
   status.text = "$(sync~spin) specdec starting";

