@@ -69,5 +69,6 @@ def test_ghost_text_in_vscode_tab_accepts_and_the_server_counts_it(vsix, tmp_pat
     # Tab put what was shown into the buffer, right after what was typed
     assert result["after"] != result["before"] and f"    r{first_line}" in result["after"]
     assert screenshot.stat().st_size > 10_000
+    assert "python" in result["stats"]["table"] and result["stats"]["charts"] == 3  # the stats view got the server's data
     stats = aggregate(load_records())  # the server's own metrics (SPECDEC_STATE_DIR is inherited through VS Code)
     assert stats["shown"] >= 1 and stats["accepted"] == 1

@@ -21,6 +21,7 @@ let status: vscode.StatusBarItem;
 let lastStats: ServerStats | undefined;
 let statsPanel: vscode.WebviewPanel | undefined;
 let restarts: number[] = [];
+let lastLanguage: string | undefined;
 
 function readConfig(): SpecdecConfig {
   const c = vscode.workspace.getConfiguration("specdec");
@@ -76,7 +77,9 @@ async function pollStats(): Promise<void> {
       lastStats = undefined;
     }
   }
-  const language = vscode.window.activeTextEditor?.document.languageId;
+  // the last text editor's language: focusing the stats view or a panel keeps what the status bar shows
+  lastLanguage = vscode.window.activeTextEditor?.document.languageId ?? lastLanguage;
+  const language = lastLanguage;
   status.text = statusText(lastStats, language, readConfig().enabled);
   status.tooltip = lastStats
     ? `specdec: ${lastStats.model.target} (${lastStats.model.strategy})` +
@@ -118,6 +121,10 @@ async function finetuneWorkspace(): Promise<void> {
       const before = JSON.stringify(lastStats?.finetune ?? {});
       for (;;) {  // the server reports step progress itself; wait for its result
         await new Promise((r) => setTimeout(r, POLL_MS));
+        if (!client || client.state !== State.Running) {
+          void vscode.window.showErrorMessage("specdec: the server stopped while fine-tuning; see the 'specdec' output.");
+          return;
+        }
         await pollStats();
         const now = lastStats?.finetune;
         if (now && JSON.stringify(now) !== before) {

@@ -47,7 +47,7 @@ function chart(id, timeline, key, maxY) {
   ctx.fillStyle = getComputedStyle(document.body).color; ctx.font = "11px sans-serif";
   if (!all.length) { ctx.fillText("no model requests yet", pad, h / 2); return; }
   const t0 = Math.min(...all.map(p => p.time)), t1 = Math.max(...all.map(p => p.time)) || t0 + 1;
-  const top = maxY ?? Math.max(...all.map(p => p[key])) * 1.1 || 1;
+  const top = maxY ?? (Math.max(...all.map(p => p[key])) * 1.1 || 1);
   const x = t => pad + (w - 2 * pad) * (t1 === t0 ? 0.5 : (t - t0) / (t1 - t0));
   const y = v => h - pad + (pad - h + pad) * (v / top);
   ctx.strokeStyle = "#888"; ctx.beginPath(); ctx.moveTo(pad, pad / 2); ctx.lineTo(pad, h - pad);
@@ -56,7 +56,8 @@ function chart(id, timeline, key, maxY) {
   series.forEach(([lang, pts], i) => {
     ctx.strokeStyle = ctx.fillStyle = COLORS[i % COLORS.length]; ctx.lineWidth = 2; ctx.beginPath();
     pts.forEach((p, j) => j ? ctx.lineTo(x(p.time), y(p[key])) : ctx.moveTo(x(p.time), y(p[key])));
-    ctx.stroke(); ctx.fillText(lang, w - pad - 90, pad / 2 + 14 * (i + 1));
+    ctx.stroke();
+    pts.forEach(p => { ctx.beginPath(); ctx.arc(x(p.time), y(p[key]), 3, 0, 2 * Math.PI); ctx.fill(); }); ctx.fillText(lang, w - pad - 90, pad / 2 + 14 * (i + 1));
   });
 }
 window.addEventListener("message", (event) => {

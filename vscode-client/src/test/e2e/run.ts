@@ -87,6 +87,32 @@ async function statusBar(page: Page): Promise<string> {
     .map((e) => e.textContent ?? "").join(" | "));
 }
 
+/** Runs "specdec: Show completion stats"; returns the webview's table text once it lists a language. */
+async function showStats(page: Page, screenshot: string | undefined): Promise<{ table: string; charts: number }> {
+  await page.keyboard.press("Escape");
+  await page.keyboard.press("F1");
+  await page.keyboard.type("specdec: Show completion stats");
+  await page.waitForSelector('.quick-input-list .monaco-list-row[aria-label*="Show completion stats"]', { timeout: 15_000 });
+  await page.keyboard.press("Enter");
+  const found = await waitFor("the stats webview to show a language", async () => {
+    for (const frame of page.frames()) {
+      const table = await frame.evaluate(() => {
+        const t = document.getElementById("table");
+        return t && t.textContent && t.textContent.includes("python") ?
+          { table: t.textContent, charts: document.querySelectorAll("canvas").length } : undefined;
+      }).catch(() => undefined);
+      if (table) {
+        return table;
+      }
+    }
+    return undefined;
+  }, 20_000, 500);
+  if (screenshot) {
+    await page.screenshot({ path: screenshot.replace(/(\.png)?$/, "-stats.png") });
+  }
+  return found;
+}
+
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
@@ -172,8 +198,9 @@ async function main(): Promise<void> {
       const text = fs.readFileSync(file, "utf8");
       return text !== before ? text : undefined;
     }, 15_000);
+    const stats = await showStats(page, values.screenshot);
     process.stdout.write(JSON.stringify({ ghost, typed: values.type, before, after, screenshot: values.screenshot ?? null,
-      status: await statusBar(page) }) + "\n");
+      status: await statusBar(page), stats }) + "\n");
   } catch (err) {
     // what was on screen and what code-server said, for whoever reads the failure
     await page.screenshot({ path: (values.screenshot ?? path.join(os.tmpdir(), "specdec-e2e.png")) + ".failed.png" })
