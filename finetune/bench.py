@@ -19,6 +19,9 @@ from finetune.run import finetune_repo
 def run(args) -> int:
     from specdec.bench.runner import run_bench
 
+    objectives = [o.strip() for o in args.objective.split(",") if o.strip()]
+    if len(objectives) > 1:
+        return _compare(args, objectives)
     ft_args = SimpleNamespace(
         repo=args.finetune, target=args.target, draft=args.draft, dtype=args.dtype, objective=args.objective,
         rank=16, alpha=32, target_modules="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", lr=3e-4,
@@ -53,5 +56,25 @@ def run(args) -> int:
     print(f"{'bench speedup vs hf-plain':26} {rb['speedup_median']:8.2f} {ra['speedup_median']:8.2f} "
           f"{ra['speedup_median'] / rb['speedup_median'] - 1:+8.1%}")
     out.write_text(json.dumps({"finetune": outcome, "bench": runs, "adapter": meta.name}, indent=2, default=str))
+    print(f"wrote {out}")
+    return 0
+
+
+def _compare(args, objectives: list[str]) -> int:
+    """Several objectives: the same budget each, scored by held-out top-1 agreement (finetune/compare.py)."""
+    from finetune.compare import compare_objectives, print_scores, score_dicts
+
+    compare_args = SimpleNamespace(
+        repo=args.finetune, target=args.target, draft=args.draft, dtype=args.dtype, rank=16, alpha=32,
+        target_modules="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", lr=3e-4, batch_size=2,
+        seq_len=384, max_steps=100_000, max_minutes=args.max_minutes, holdout=0.1, heldout_samples=10, seed=0,
+        quiet=False, precision="auto")
+    scores = compare_objectives(compare_args, objectives)
+    print(f"\nRepository {args.finetune}: {args.max_minutes:g} min per objective")
+    print_scores(scores)
+    out = Path(args.output if args.output != "bench-results/bench.json" else "bench-results/finetune-objectives.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"repo": args.finetune, "minutes": args.max_minutes, "scores": score_dicts(scores)},
+                              indent=2))
     print(f"wrote {out}")
     return 0

@@ -274,3 +274,19 @@ async def test_server_uses_each_workspaces_adapter_and_hot_swaps_a_new_one(tmp_p
     finally:
         await client.shutdown_session()
         await client.stop()
+
+
+def test_objective_comparison_scores_each_objective_from_the_same_base(tmp_path, pair, capsys):
+    from finetune.compare import compare_objectives, implied_acceptance, print_scores
+
+    repo = make_repo(tmp_path / "repo")
+    args = args_for(repo, pair, max_steps=30, heldout_samples=6, batch_size=4)
+    scores = compare_objectives(args, ["distill", "lm"], report=lambda m: None)
+    assert [s.objective for s in scores] == ["distill", "lm"]
+    assert scores[0].agreement_before == scores[1].agreement_before  # each starts from a fresh base draft
+    assert all(s.steps == 30 and 0 <= s.agreement_after <= 1 for s in scores)
+    assert scores[0].agreement_after > scores[0].agreement_before + 0.05  # distillation learns the repo's idiom
+    assert implied_acceptance(1.0) == 1.0 and implied_acceptance(0.5, k=2) == (0.5 + 0.25) / 2
+    print_scores(scores)
+    best = max(scores, key=lambda s: s.gain)
+    assert f"best: {best.objective}" in capsys.readouterr().out
