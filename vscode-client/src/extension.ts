@@ -76,6 +76,8 @@ async function pollStats(): Promise<void> {
     } catch {
       lastStats = undefined;
     }
+  } else {
+    lastStats = undefined;  // stopped or restarting: never show the old server's numbers as live
   }
   // the last text editor's language: focusing the stats view or a panel keeps what the status bar shows
   lastLanguage = vscode.window.activeTextEditor?.document.languageId ?? lastLanguage;

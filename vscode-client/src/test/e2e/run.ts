@@ -14,9 +14,11 @@ import { parseArgs } from "node:util";
 import { Page, chromium } from "playwright-core";
 
 const USAGE = `node out/test/e2e/run.js --vsix specdec.vsix --workspace DIR --file demo.py --line 2 --column 5
-    --settings settings.json [--type r] [--screenshot ghost.png] [--timeout 180] [--code-server entry.js] [--chromium PATH]
+    --settings settings.json [--type r] [--screenshot ghost.png] [--kill-server PATTERN] [--timeout 180] [--code-server entry.js] [--chromium PATH]
 Runs code-server + headless chromium with the .vsix installed (tools: vscode-client/e2e/install-tools.sh),
-types at line:column, waits for the ghost text, accepts it with Tab, saves, prints one JSON line.
+types at line:column, waits for the ghost text, accepts it with Tab, saves, opens the stats view, and with
+--kill-server kills the language server (pkill -f PATTERN; write it so it does not match this command line, e.g.
+"[s]pecdec serve") and waits for the visible restart. Prints one JSON line.
 `;
 const CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"];
@@ -113,13 +115,32 @@ async function showStats(page: Page, screenshot: string | undefined): Promise<{ 
   return found;
 }
 
+/** Kills the language server; the extension must say so and bring it back. Returns the warning it showed. */
+async function killServer(page: Page, pattern: string): Promise<{ warning: string; status: string }> {
+  const pids = () => spawnSync("pgrep", ["-f", pattern], { encoding: "utf8" }).stdout.trim().split("\n")
+    .filter(Boolean);
+  const killed = pids();
+  if (!killed.length || spawnSync("pkill", ["-f", pattern]).status !== 0) {
+    throw new Error(`no process matches ${pattern}`);
+  }
+  const warning = await waitFor("a visible restart message", async () => page.evaluate(() =>
+    Array.from(document.querySelectorAll(".notifications-toasts .notification-list-item-message"))
+      .map((e) => e.textContent ?? "").find((t) => t.includes("restarting"))), 30_000);
+  await waitFor("a new server process", async () => pids().some((pid) => !killed.includes(pid)), 30_000);
+  const status = await waitFor("the restarted server to be ready", async () => {
+    const text = await statusBar(page);
+    return /specdec ready|accepted/.test(text) ? text : undefined;
+  }, 120_000, 500);
+  return { warning, status };
+}
+
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
       "code-server": { type: "string" }, vsix: { type: "string" }, workspace: { type: "string" },
       file: { type: "string" }, line: { type: "string", default: "1" }, column: { type: "string", default: "1" },
       settings: { type: "string" }, screenshot: { type: "string" }, timeout: { type: "string", default: "180" },
-      chromium: { type: "string", default: "/usr/bin/chromium" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
+      chromium: { type: "string", default: "/usr/bin/chromium" }, "kill-server": { type: "string" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
     },
   });
   if (values.help) {
@@ -199,8 +220,9 @@ async function main(): Promise<void> {
       return text !== before ? text : undefined;
     }, 15_000);
     const stats = await showStats(page, values.screenshot);
+    const restart = values["kill-server"] ? await killServer(page, values["kill-server"]) : null;
     process.stdout.write(JSON.stringify({ ghost, typed: values.type, before, after, screenshot: values.screenshot ?? null,
-      status: await statusBar(page), stats }) + "\n");
+      status: await statusBar(page), stats, restart }) + "\n");
   } catch (err) {
     // what was on screen and what code-server said, for whoever reads the failure
     await page.screenshot({ path: (values.screenshot ?? path.join(os.tmpdir(), "specdec-e2e.png")) + ".failed.png" })
