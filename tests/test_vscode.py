@@ -42,7 +42,7 @@ def vsix():
     return CLIENT / "specdec.vsix"
 
 
-def test_ghost_text_in_vscode_tab_accepts_counts_shows_stats_and_restarts_the_server(vsix, tmp_path):
+def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
     target = tiny.save(tmp_path, seed=1, name="target")
     draft = tiny.save(tmp_path, seed=2, name="draft", layers=1, hidden=32)
     workspace = tmp_path / "workspace"
@@ -61,7 +61,7 @@ def test_ghost_text_in_vscode_tab_accepts_counts_shows_stats_and_restarts_the_se
     run = subprocess.run(
         ["node", "out/test/e2e/run.js", "--vsix", str(vsix), "--workspace", str(workspace), "--file", "demo.py",
          "--line", "2", "--column", "5", "--type", "r", "--settings", str(settings), "--screenshot", str(screenshot),
-         "--kill-server", f"[s]pecdec.cli serve --log-file {log}"],  # [s]: the pattern must not match the driver
+         "--toggle", "--kill-server", f"[s]pecdec.cli serve --log-file {log}"],  # [s]: the pattern must not match the driver
         cwd=CLIENT, capture_output=True, text=True, timeout=420, env=os.environ)
     print(run.stderr[-3000:], log.read_text()[-3000:] if log.exists() else "no server log")
     assert run.returncode == 0, run.stderr.strip().splitlines()[-1:]
@@ -75,5 +75,8 @@ def test_ghost_text_in_vscode_tab_accepts_counts_shows_stats_and_restarts_the_se
     # the server was killed: the user was told, a new server came up, and the status bar is live again
     assert result["restart"]["warning"] == "specdec: the completion server stopped; restarting it."
     assert re.search("specdec ready|accepted", result["restart"]["status"])
+    # "Toggle completions" reached the server as a settings change: typing brings no ghost text any more
+    assert result["toggled"]["ghost"] == "" and "specdec off" in result["toggled"]["status"]
+    assert result["toggled"]["ghostOn"]  # toggled back on, the same keystrokes bring ghost text again
     stats = aggregate(load_records())  # the server's own metrics (SPECDEC_STATE_DIR is inherited through VS Code)
     assert stats["shown"] >= 1 and stats["accepted"] == 1

@@ -14,11 +14,12 @@ import { parseArgs } from "node:util";
 import { Page, chromium } from "playwright-core";
 
 const USAGE = `node out/test/e2e/run.js --vsix specdec.vsix --workspace DIR --file demo.py --line 2 --column 5
-    --settings settings.json [--type r] [--screenshot ghost.png] [--kill-server PATTERN] [--timeout 180] [--code-server entry.js] [--chromium PATH]
+    --settings settings.json [--type r] [--screenshot ghost.png] [--kill-server PATTERN] [--toggle] [--timeout 180] [--code-server entry.js] [--chromium PATH]
 Runs code-server + headless chromium with the .vsix installed (tools: vscode-client/e2e/install-tools.sh),
 types at line:column, waits for the ghost text, accepts it with Tab, saves, opens the stats view, and with
 --kill-server kills the language server (pkill -f PATTERN; write it so it does not match this command line, e.g.
-"[s]pecdec serve") and waits for the visible restart. Prints one JSON line.
+"[s]pecdec serve") and waits for the visible restart; with --toggle runs "Toggle completions" and types again
+(no ghost text may appear). Prints one JSON line.
 `;
 const CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"];
@@ -91,11 +92,7 @@ async function statusBar(page: Page): Promise<string> {
 
 /** Runs "specdec: Show completion stats"; returns the webview's table text once it lists a language. */
 async function showStats(page: Page, screenshot: string | undefined): Promise<{ table: string; charts: number }> {
-  await page.keyboard.press("Escape");
-  await page.keyboard.press("F1");
-  await page.keyboard.type("specdec: Show completion stats");
-  await page.waitForSelector('.quick-input-list .monaco-list-row[aria-label*="Show completion stats"]', { timeout: 15_000 });
-  await page.keyboard.press("Enter");
+  await runCommand(page, "specdec: Show completion stats");
   const found = await waitFor("the stats webview to show a language", async () => {
     for (const frame of page.frames()) {
       const table = await frame.evaluate(() => {
@@ -113,6 +110,39 @@ async function showStats(page: Page, screenshot: string | undefined): Promise<{ 
     await page.screenshot({ path: screenshot.replace(/(\.png)?$/, "-stats.png") });
   }
   return found;
+}
+
+async function runCommand(page: Page, title: string): Promise<void> {
+  await page.keyboard.press("Escape");
+  await page.keyboard.press("F1");
+  await page.keyboard.type(title);
+  await page.waitForSelector(`.quick-input-list .monaco-list-row[aria-label*="${title.split(": ").pop()}"]`,
+    { timeout: 15_000 });
+  await page.keyboard.press("Enter");
+}
+
+/** "Toggle completions" off (a settings change the server gets), then types: no ghost text may show; on again. */
+async function toggleOff(page: Page, text: string): Promise<{ status: string; ghost: string; ghostOn: string }> {
+  await runCommand(page, "specdec: Toggle completions");
+  const status = await waitFor("the status bar to say off", async () => {
+    const bar = await statusBar(page);
+    return bar.includes("specdec off") ? bar : undefined;
+  }, 15_000);
+  await page.click(".editor-instance .monaco-editor .view-lines");
+  await page.keyboard.press("Control+End");
+  await page.keyboard.press("Enter");
+  await page.keyboard.type(text, { delay: 80 });
+  await new Promise((r) => setTimeout(r, 5000));  // longer than a tiny-model completion takes
+  const ghost = await ghostText(page);
+  // and back on: the same keystrokes bring ghost text again (so its absence above meant "off")
+  await runCommand(page, "specdec: Toggle completions");
+  await waitFor("the status bar to say on", async () => !(await statusBar(page)).includes("specdec off"), 15_000);
+  await page.click(".editor-instance .monaco-editor .view-lines");
+  await page.keyboard.press("Control+End");
+  await page.keyboard.press("Enter");
+  await page.keyboard.type(text, { delay: 80 });
+  const ghostOn = await waitFor("ghost text with completions on again", async () => await ghostText(page), 30_000);
+  return { status, ghost, ghostOn };
 }
 
 /** Kills the language server; the extension must say so and bring it back. Returns the warning it showed. */
@@ -140,7 +170,8 @@ async function main(): Promise<void> {
       "code-server": { type: "string" }, vsix: { type: "string" }, workspace: { type: "string" },
       file: { type: "string" }, line: { type: "string", default: "1" }, column: { type: "string", default: "1" },
       settings: { type: "string" }, screenshot: { type: "string" }, timeout: { type: "string", default: "180" },
-      chromium: { type: "string", default: "/usr/bin/chromium" }, "kill-server": { type: "string" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
+      chromium: { type: "string", default: "/usr/bin/chromium" }, "kill-server": { type: "string" },
+      toggle: { type: "boolean" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
     },
   });
   if (values.help) {
@@ -221,8 +252,9 @@ async function main(): Promise<void> {
     }, 15_000);
     const stats = await showStats(page, values.screenshot);
     const restart = values["kill-server"] ? await killServer(page, values["kill-server"]) : null;
+    const toggled = values.toggle ? await toggleOff(page, values.type!) : null;
     process.stdout.write(JSON.stringify({ ghost, typed: values.type, before, after, screenshot: values.screenshot ?? null,
-      status: await statusBar(page), stats, restart }) + "\n");
+      status: await statusBar(page), stats, restart, toggled }) + "\n");
   } catch (err) {
     // what was on screen and what code-server said, for whoever reads the failure
     await page.screenshot({ path: (values.screenshot ?? path.join(os.tmpdir(), "specdec-e2e.png")) + ".failed.png" })
