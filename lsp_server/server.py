@@ -308,7 +308,8 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
     @server.feature(STATS_REQUEST)
     def stats(ls: SpecdecServer, params=None):
         return {"model": {"state": ls.host.state, "error": ls.host.error, "target": ls.settings.target,
-                          "draft": ls.settings.draft, "strategy": ls.settings.strategy, "adapter": ls.host.adapter, "progress": ls.host.progress},
+                          "draft": ls.settings.draft, "strategy": ls.settings.strategy, "adapter": ls.host.adapter,
+                          "progress": ls.host.progress},
                 "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune, **ls.metrics.summary()}
 
     return server

