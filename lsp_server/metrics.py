@@ -7,6 +7,7 @@ aggregate the same records, so the editor and the command line always agree.
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 import threading
@@ -78,20 +79,37 @@ def aggregate(records: list[dict]) -> dict:
 
 
 def timeline(records: list[dict], window: int = 20, points: int = 60) -> dict[str, list[dict]]:
-    """Per language: acceptance, tokens/pass and latency over the last `window` model requests, at up to `points` times."""
+    """Per language, at up to `points` times: acceptance, tokens/pass and latency over the last `window` model
+    requests, and the user's accept rate (accepted / shown suggestions, any source) over the same span of time."""
     by_language: dict[str, list[dict]] = {}
+    shown: dict[str, list[float]] = {}
+    taken: dict[str, list[float]] = {}
     for r in records:
         if r.get("kind") == "request" and r.get("source") == "model":
             by_language.setdefault(r["language"], []).append(r)
+        if r.get("kind") == "request" and r.get("shown"):
+            shown.setdefault(r["language"], []).append(r["time"])
+        if r.get("kind") == "accepted":
+            taken.setdefault(r["language"], []).append(r["time"])
+
+    def count(times: list[float], start: float, end: float) -> int:
+        return bisect.bisect_right(times, end) - bisect.bisect_left(times, start)
+
     out = {}
     for language, rows in by_language.items():
         step = max(1, len(rows) // points)
         series = []
+        shown_times, taken_times = sorted(shown.get(language, [])), sorted(taken.get(language, []))
         for i in range(step - 1, len(rows), step):
             recent = rows[max(0, i - window + 1) : i + 1]
             agg = aggregate(recent)
+            # a suggestion is accepted after it was shown: the span runs to the next point (or on, for the last)
+            end = rows[i + step]["time"] if i + step < len(rows) else float("inf")
+            n_shown = count(shown_times, recent[0]["time"], rows[i]["time"])
             series.append({"time": rows[i]["time"], "acceptance_rate": agg["acceptance_rate"],
-                           "tokens_per_pass": agg["tokens_per_pass"], "latency_p50_ms": agg["latency_p50_ms"]})
+                           "tokens_per_pass": agg["tokens_per_pass"], "latency_p50_ms": agg["latency_p50_ms"],
+                           "user_accept_rate": min(1.0, count(taken_times, recent[0]["time"], end) / n_shown)
+                           if n_shown else None})
         out[language] = series
     return out
 

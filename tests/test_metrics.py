@@ -73,3 +73,18 @@ def test_prometheus_endpoint_on_loopback(tmp_path):
     assert 'specdec_requests_total{language="python",source="model"} 10.0' in body
     assert 'specdec_accepted_tokens_total{language="go"} 2.0' in body
     assert 'specdec_suggestions_accepted_total{language="python"} 1.0' in body
+
+
+def test_timeline_has_acceptance_and_the_users_accept_rate_over_time(tmp_path):
+    store = MetricsStore(tmp_path / "metrics.jsonl")
+    for i in range(4):  # four suggestions shown, the first two taken
+        store.add(RequestRecord(100.0 + i, "python", "/w", "model", 300.0, new_tokens=4, produced=5, drafted=8,
+                                accepted=4, target_passes=2, decode_seconds=0.5, shown=True))
+        if i < 2:
+            store.add({"kind": "accepted", "time": 100.5 + i, "language": "python", "workspace": "/w", "adapter": ""})
+    from lsp_server.metrics import timeline
+
+    points = timeline(load_records(tmp_path / "metrics.jsonl"), window=2)["python"]
+    assert [p["time"] for p in points] == [100.0, 101.0, 102.0, 103.0]
+    assert all(p["acceptance_rate"] == 0.5 and p["tokens_per_pass"] == 2.5 for p in points)
+    assert [p["user_accept_rate"] for p in points] == [1.0, 1.0, 0.5, 0.0]

@@ -49,7 +49,7 @@ export interface ServerStats {
   model: { state: string; error: string; target: string; strategy: string; adapter: string; progress?: string };
   languages: Record<string, LanguageStats>;
   timeline: Record<string, { time: number; acceptance_rate: number | null; tokens_per_pass: number | null;
-    latency_p50_ms: number | null }[]>;
+    latency_p50_ms: number | null; user_accept_rate: number | null }[]>;
   finetune?: { registered?: string; message?: string };
 }
 

@@ -22,6 +22,7 @@ export function statsHtml(cspSource: string): string {
 <h3>Acceptance rate over time</h3><canvas id="acceptance"></canvas>
 <h3>Tokens per target pass</h3><canvas id="tpp"></canvas>
 <h3>Time to suggestion, p50 (ms)</h3><canvas id="latency"></canvas>
+<h3>Suggestions you accepted</h3><canvas id="user"></canvas>
 <script nonce="${nonce}">
 const COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7"];
 const fmt = (v, d, pct) => v === null || v === undefined ? "–" : pct ? Math.round(v * 100) + "%" : v.toFixed(d);
@@ -68,6 +69,7 @@ window.addEventListener("message", (event) => {
   chart("acceptance", stats.timeline, "acceptance_rate", 1);
   chart("tpp", stats.timeline, "tokens_per_pass");
   chart("latency", stats.timeline, "latency_p50_ms");
+  chart("user", stats.timeline, "user_accept_rate", 1);
 });
 </script></body></html>`;
 }
