@@ -48,6 +48,9 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     (workspace / "demo.py").write_text("def add(a, b):\n    \n\nprint(add(1, 2))\n")
+    for i in range(3):  # more of the repository, so "Fine-tune draft on this repository" has files to train on
+        (workspace / f"ops_{i}.py").write_text("".join(f"def op_{i}_{j}(a, b):\n    return a * {j} + b\n\n\n"
+                                                       for j in range(12)))
     settings = tmp_path / "settings.json"
     log = tmp_path / "server.log"
     settings.write_text(json.dumps({
@@ -63,7 +66,7 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
         ["node", "out/test/e2e/run.js", "--vsix", str(vsix), "--workspace", str(workspace), "--file", "demo.py",
          "--line", "2", "--column", "5", "--type", "r", "--settings", str(settings), "--screenshot", str(screenshot),
          # [s]: the pattern must not match the driver's own command line
-         "--toggle", "--kill-server", f"[s]pecdec.cli serve --log-file {log}"],
+         "--toggle", "--finetune", "--kill-server", f"[s]pecdec.cli serve --log-file {log}"],
         cwd=CLIENT, capture_output=True, text=True, timeout=420, env=os.environ)
     print(run.stderr[-3000:], log.read_text()[-3000:] if log.exists() else "no server log")
     assert run.returncode == 0, run.stderr.strip().splitlines()[-1:]
@@ -81,5 +84,8 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
     # "Toggle completions" reached the server as a settings change: typing brings no ghost text any more
     assert result["toggled"]["ghost"] == "" and "specdec off" in result["toggled"]["status"]
     assert result["toggled"]["ghostOn"]  # toggled back on, the same keystrokes bring ghost text again
+    # the fine-tune command ran in the background and its result names the measured acceptance change
+    assert re.fullmatch(r"specdec: (adapter \S+ registered|no adapter registered): acceptance [+-]\d\.\d{3}",
+                        result["finetune"]["message"]), result["finetune"]
     stats = aggregate(load_records())  # the server's own metrics (SPECDEC_STATE_DIR is inherited through VS Code)
     assert stats["shown"] >= 1 and stats["accepted"] == 1

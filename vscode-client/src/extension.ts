@@ -113,7 +113,7 @@ async function finetuneWorkspace(): Promise<void> {
   }
   await vscode.window.withProgress(
     { location: vscode.ProgressLocation.Notification, title: `specdec: fine-tuning the draft on ${folder.name}` },
-    async (progress) => {
+    async () => {  // step-by-step progress comes from the server (work-done progress)
       const started = await client!.sendRequest<{ started: boolean; error?: string }>("workspace/executeCommand",
         { command: "specdec.finetune", arguments: [folder.uri.toString()] });
       if (!started.started) {
@@ -130,9 +130,7 @@ async function finetuneWorkspace(): Promise<void> {
         await pollStats();
         const now = lastStats?.finetune;
         if (now && JSON.stringify(now) !== before) {
-          progress.report({ message: now.message });
-          void vscode.window.showInformationMessage(`specdec: ${now.message ?? "fine-tuning finished"}`);
-          return;
+          return;  // the server's own window/showMessage carries the result and the acceptance gain
         }
       }
     });

@@ -14,12 +14,13 @@ import { parseArgs } from "node:util";
 import { Page, chromium } from "playwright-core";
 
 const USAGE = `node out/test/e2e/run.js --vsix specdec.vsix --workspace DIR --file demo.py --line 2 --column 5
-    --settings settings.json [--type r] [--screenshot ghost.png] [--kill-server PATTERN] [--toggle] [--timeout 180] [--code-server entry.js] [--chromium PATH]
+    --settings settings.json [--type r] [--screenshot ghost.png] [--kill-server PATTERN] [--toggle] [--finetune] [--timeout 180] [--code-server entry.js] [--chromium PATH]
 Runs code-server + headless chromium with the .vsix installed (tools: vscode-client/e2e/install-tools.sh),
 types at line:column, waits for the ghost text, accepts it with Tab, saves, opens the stats view, and with
 --kill-server kills the language server (pkill -f PATTERN; write it so it does not match this command line, e.g.
 "[s]pecdec serve") and waits for the visible restart; with --toggle runs "Toggle completions" and types again
-(no ghost text may appear). Prints one JSON line.
+(no ghost text may appear), then on again; with --finetune runs "Fine-tune draft on this repository" and waits
+for the result message. Prints one JSON line.
 `;
 const CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"];
@@ -145,6 +146,17 @@ async function toggleOff(page: Page, text: string): Promise<{ status: string; gh
   return { status, ghost, ghostOn };
 }
 
+async function notification(page: Page, includes: string): Promise<string | undefined> {
+  return page.evaluate((needle) => Array.from(document.querySelectorAll(".notifications-toasts .notification-list-item-message"))
+    .map((e) => e.textContent ?? "").find((t) => t.includes(needle)), includes);
+}
+
+/** "Fine-tune draft on this repository": the server trains in the background and reports the acceptance gain. */
+async function finetuneWorkspace(page: Page): Promise<{ message: string }> {
+  await runCommand(page, "specdec: Fine-tune draft on this repository");
+  return { message: await waitFor("the fine-tuning result", async () => notification(page, "acceptance"), 240_000, 1000) };
+}
+
 /** Kills the language server; the extension must say so and bring it back. Returns the warning it showed. */
 async function killServer(page: Page, pattern: string): Promise<{ warning: string; status: string }> {
   const pids = () => spawnSync("pgrep", ["-f", pattern], { encoding: "utf8" }).stdout.trim().split("\n")
@@ -153,9 +165,7 @@ async function killServer(page: Page, pattern: string): Promise<{ warning: strin
   if (!killed.length || spawnSync("pkill", ["-f", pattern]).status !== 0) {
     throw new Error(`no process matches ${pattern}`);
   }
-  const warning = await waitFor("a visible restart message", async () => page.evaluate(() =>
-    Array.from(document.querySelectorAll(".notifications-toasts .notification-list-item-message"))
-      .map((e) => e.textContent ?? "").find((t) => t.includes("restarting"))), 30_000);
+  const warning = await waitFor("a visible restart message", async () => notification(page, "restarting"), 30_000);
   await waitFor("a new server process", async () => pids().some((pid) => !killed.includes(pid)), 30_000);
   const status = await waitFor("the restarted server to be ready", async () => {
     const text = await statusBar(page);
@@ -171,7 +181,7 @@ async function main(): Promise<void> {
       file: { type: "string" }, line: { type: "string", default: "1" }, column: { type: "string", default: "1" },
       settings: { type: "string" }, screenshot: { type: "string" }, timeout: { type: "string", default: "180" },
       chromium: { type: "string", default: "/usr/bin/chromium" }, "kill-server": { type: "string" },
-      toggle: { type: "boolean" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
+      toggle: { type: "boolean" }, finetune: { type: "boolean" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
     },
   });
   if (values.help) {
@@ -253,8 +263,9 @@ async function main(): Promise<void> {
     const stats = await showStats(page, values.screenshot);
     const restart = values["kill-server"] ? await killServer(page, values["kill-server"]) : null;
     const toggled = values.toggle ? await toggleOff(page, values.type!) : null;
+    const finetune = values.finetune ? await finetuneWorkspace(page) : null;
     process.stdout.write(JSON.stringify({ ghost, typed: values.type, before, after, screenshot: values.screenshot ?? null,
-      status: await statusBar(page), stats, restart, toggled }) + "\n");
+      status: await statusBar(page), stats, restart, toggled, finetune }) + "\n");
   } catch (err) {
     // what was on screen and what code-server said, for whoever reads the failure
     await page.screenshot({ path: (values.screenshot ?? path.join(os.tmpdir(), "specdec-e2e.png")) + ".failed.png" })
