@@ -137,6 +137,9 @@ def summarize(records: list[dict]) -> dict:
     }
 
 
+HISTORY = 20_000  # records a server keeps in memory from earlier sessions (the file keeps everything)
+
+
 @dataclass
 class MetricsStore:
     path: Path = field(default_factory=lambda: state_dir() / "metrics.jsonl")
@@ -146,6 +149,8 @@ class MetricsStore:
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._prometheus = None
+        if not self.records and self.path.is_file():  # history survives a restart: stats and charts go on
+            self.records = load_records(self.path)[-HISTORY:]
 
     def add(self, record: RequestRecord | dict) -> None:
         row = asdict(record) if isinstance(record, RequestRecord) else record

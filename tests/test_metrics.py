@@ -88,3 +88,12 @@ def test_timeline_has_acceptance_and_the_users_accept_rate_over_time(tmp_path):
     assert [p["time"] for p in points] == [100.0, 101.0, 102.0, 103.0]
     assert all(p["acceptance_rate"] == 0.5 and p["tokens_per_pass"] == 2.5 for p in points)
     assert [p["user_accept_rate"] for p in points] == [1.0, 1.0, 0.5, 0.0]
+
+
+def test_a_new_store_continues_the_history_on_disk(tmp_path):
+    first = MetricsStore(tmp_path / "metrics.jsonl")
+    fill(first)
+    again = MetricsStore(tmp_path / "metrics.jsonl")  # e.g. the server restarted
+    assert again.summary()["languages"]["python"]["requests"] == 11 and again.summary()["total"]["accepted"] == 1
+    again.add(record("rust"))
+    assert len(load_records(tmp_path / "metrics.jsonl")) == 14 and "rust" in again.summary()["languages"]

@@ -116,7 +116,8 @@ async function showStats(page: Page, screenshot: string | undefined): Promise<{ 
 async function runCommand(page: Page, title: string): Promise<void> {
   await page.keyboard.press("Escape");
   await page.keyboard.press("F1");
-  await page.keyboard.type(title);
+  // typing before the palette's input has focus loses keys: fill the input itself
+  await page.locator(".quick-input-widget .quick-input-box input").fill(`>${title}`);
   await page.waitForSelector(`.quick-input-list .monaco-list-row[aria-label*="${title.split(": ").pop()}"]`,
     { timeout: 15_000 });
   await page.keyboard.press("Enter");
@@ -240,7 +241,7 @@ async function main(): Promise<void> {
       timeoutMs, 500);
 
     await page.keyboard.press("Control+P");  // Quick Open
-    await page.keyboard.type(values.file!);
+    await page.locator(".quick-input-widget .quick-input-box input").fill(values.file!);
     await page.waitForSelector(`.quick-input-list .monaco-list-row[aria-label*="${path.basename(values.file!)}"]`,
       { timeout: 30_000 });
     await page.keyboard.press("Enter");
