@@ -137,7 +137,7 @@ def summarize(records: list[dict]) -> dict:
     }
 
 
-HISTORY = 20_000  # records a server keeps in memory from earlier sessions (the file keeps everything)
+HISTORY = 5_000  # the newest records a server keeps in memory, earlier sessions' included (the file keeps all)
 
 
 @dataclass
@@ -149,6 +149,8 @@ class MetricsStore:
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._prometheus = None
+        self._summary: tuple[int, dict] | None = None  # (records added when computed, summary)
+        self._added = 0
         if not self.records and self.path.is_file():  # history survives a restart: stats and charts go on
             self.records = load_records(self.path)[-HISTORY:]
 
@@ -156,6 +158,9 @@ class MetricsStore:
         row = asdict(record) if isinstance(record, RequestRecord) else record
         with self._lock:
             self.records.append(row)
+            self._added += 1
+            if len(self.records) > HISTORY:
+                del self.records[: len(self.records) - HISTORY]
             with open(self.path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
         if self._prometheus:
@@ -166,8 +171,11 @@ class MetricsStore:
                   "adapter": adapter})
 
     def summary(self) -> dict:
+        """Recomputed only after new records: editors poll `specdec/stats` every few seconds on the event loop."""
         with self._lock:
-            return summarize(list(self.records))
+            if self._summary is None or self._summary[0] != self._added:
+                self._summary = (self._added, summarize(list(self.records)))
+            return self._summary[1]
 
     def serve_prometheus(self, port: int, host: str = "127.0.0.1") -> None:
         self._prometheus = PrometheusExporter(port, host)

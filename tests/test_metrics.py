@@ -97,3 +97,18 @@ def test_a_new_store_continues_the_history_on_disk(tmp_path):
     assert again.summary()["languages"]["python"]["requests"] == 11 and again.summary()["total"]["accepted"] == 1
     again.add(record("rust"))
     assert len(load_records(tmp_path / "metrics.jsonl")) == 14 and "rust" in again.summary()["languages"]
+
+
+def test_memory_keeps_the_newest_records_and_summary_is_recomputed_only_after_new_ones(tmp_path, monkeypatch):
+    from lsp_server import metrics
+
+    monkeypatch.setattr(metrics, "HISTORY", 5)
+    store = MetricsStore(tmp_path / "metrics.jsonl")
+    for i in range(8):
+        store.add(record("python", latency=100.0 + i))
+    assert len(store.records) == 5 and store.records[0]["latency_ms"] == 103.0
+    assert len(load_records(tmp_path / "metrics.jsonl")) == 8  # the file keeps everything
+    first = store.summary()
+    assert store.summary() is first and first["languages"]["python"]["requests"] == 5
+    store.accepted("python", "/w")
+    assert store.summary() is not first and store.summary()["languages"]["python"]["accepted"] == 1
