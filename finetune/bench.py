@@ -8,12 +8,23 @@ adapter merged into it, and prints acceptance, tokens per pass and speedup befor
 from __future__ import annotations
 
 import json
+from argparse import ArgumentParser, Namespace
 from copy import copy
 from pathlib import Path
-from types import SimpleNamespace
 
 from adapters.registry import Registry
-from finetune.run import finetune_repo
+from finetune.run import finetune_repo, register
+
+
+def _finetune_args(args, **overrides) -> Namespace:
+    """`specdec finetune REPO`'s own defaults (one source of truth), with the bench's models and time budget."""
+    parser = ArgumentParser()
+    register(parser.add_subparsers())
+    ft_args = parser.parse_args(["finetune", args.finetune, "--target", args.target, "--draft", args.draft,
+                                 "--dtype", args.dtype, "--max-minutes", str(args.max_minutes)])
+    for key, value in overrides.items():
+        setattr(ft_args, key, value)
+    return ft_args
 
 
 def run(args) -> int:
@@ -22,12 +33,7 @@ def run(args) -> int:
     objectives = [o.strip() for o in args.objective.split(",") if o.strip()]
     if len(objectives) > 1:
         return _compare(args, objectives)
-    ft_args = SimpleNamespace(
-        repo=args.finetune, target=args.target, draft=args.draft, dtype=args.dtype, objective=args.objective,
-        rank=16, alpha=32, target_modules="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", lr=3e-4,
-        batch_size=2, seq_len=384, max_steps=100_000, max_minutes=args.max_minutes, max_tokens=0, holdout=0.1,
-        eval_holes=3, eval_tokens=32, seed=0, force=True, report=None, quiet=False, progress_json=False,
-        precision="auto")
+    ft_args = _finetune_args(args, objective=args.objective, max_steps=100_000, force=True)
     outcome = finetune_repo(ft_args)
     meta = Registry().get(*outcome["registered"].split("@"))
     files = outcome["heldout_files"]
@@ -64,11 +70,7 @@ def _compare(args, objectives: list[str]) -> int:
     """Several objectives: the same budget each, scored by held-out top-1 agreement (finetune/compare.py)."""
     from finetune.compare import compare_objectives, print_scores, score_dicts
 
-    compare_args = SimpleNamespace(
-        repo=args.finetune, target=args.target, draft=args.draft, dtype=args.dtype, rank=16, alpha=32,
-        target_modules="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", lr=3e-4, batch_size=2,
-        seq_len=384, max_steps=100_000, max_minutes=args.max_minutes, holdout=0.1, heldout_samples=10, seed=0,
-        quiet=False, precision="auto")
+    compare_args = _finetune_args(args, max_steps=100_000, heldout_samples=10)
     scores = compare_objectives(compare_args, objectives)
     print(f"\nRepository {args.finetune}: {args.max_minutes:g} min per objective")
     print_scores(scores)

@@ -290,3 +290,14 @@ def test_objective_comparison_scores_each_objective_from_the_same_base(tmp_path,
     print_scores(scores)
     best = max(scores, key=lambda s: s.gain)
     assert f"best: {best.objective}" in capsys.readouterr().out
+
+
+def test_finetune_bench_trains_with_the_finetune_commands_own_defaults():
+    from finetune.bench import _finetune_args
+
+    bench = SimpleNamespace(finetune="/repo", target="T", draft="D", dtype="fp32", max_minutes=6.0)
+    args = _finetune_args(bench, objective="lm", max_steps=100_000, force=True)
+    assert (args.repo, args.target, args.draft, args.dtype, args.max_minutes) == ("/repo", "T", "D", "fp32", 6.0)
+    assert (args.objective, args.max_steps, args.force) == ("lm", 100_000, True)
+    assert (args.rank, args.alpha, args.lr, args.batch_size, args.seq_len, args.holdout) == (16, 32, 3e-4, 2, 384, 0.1)
+    assert args.target_modules == "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
