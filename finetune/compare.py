@@ -15,12 +15,10 @@ from pathlib import Path
 
 import torch
 
-from finetune.dataset import SampleBuilder, split_files
-from finetune.files import select
-from finetune.run import MAX_SAMPLES
+from finetune.dataset import SampleBuilder
+from finetune.run import MAX_SAMPLES, split_repo
 from finetune.train import TrainConfig, collate, train
 from specdec import fim
-from specdec.errors import SpecdecError
 
 
 @dataclass
@@ -58,12 +56,7 @@ def top1_agreement(draft, target_argmax: torch.Tensor, ids, mask) -> float:
 def compare_objectives(args, objectives: list[str], report=print) -> list[ObjectiveScore]:
     from specdec.models import check_same_tokenizer, load
 
-    root = Path(args.repo).expanduser()
-    if not root.is_dir():
-        raise SpecdecError(f"not a directory: {args.repo}")
-    split = split_files(select(root), args.holdout, args.seed)
-    if not split.train or not split.heldout:
-        raise SpecdecError("need at least two usable source files (one to train on, one held out)")
+    _, _, split = split_repo(args.repo, args.holdout, args.seed)
     target = load(args.target, args.dtype)
     tokenizer = target.tokenizer
     builder = SampleBuilder(tokenizer, fim.detect(tokenizer), args.seq_len)

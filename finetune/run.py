@@ -28,22 +28,30 @@ def print_selection(selection) -> None:
             print(f"  never trained on: {path} ({reason})")
 
 
+def split_repo(repo: str, holdout: float, seed: int, show=None):
+    """(root, selection, split): the repository's usable files, split by file into train and held out.
+    `show(selection)` runs before a too-small repository is refused, so the user sees what was skipped."""
+    root = Path(repo).expanduser()
+    if not root.is_dir():
+        raise SpecdecError(f"not a directory: {repo}")
+    selection = select(root)
+    if show:
+        show(selection)
+    split = split_files(selection, holdout, seed)
+    if not split.train or not split.heldout:
+        raise SpecdecError("need at least two usable source files (one to train on, one held out)")
+    return root, selection, split
+
+
 def finetune_repo(args, report=print, on_step=None) -> dict:
     from specdec.models import load
 
-    root = Path(args.repo).expanduser()
-    if not root.is_dir():
-        raise SpecdecError(f"not a directory: {args.repo}")
     config = TrainConfig(objective=args.objective, rank=args.rank, alpha=args.alpha,
                          target_modules=tuple(args.target_modules.split(",")), learning_rate=args.lr,
                          batch_size=args.batch_size, seq_len=args.seq_len, max_steps=args.max_steps,
                          max_minutes=args.max_minutes, max_tokens=args.max_tokens, seed=args.seed,
                          precision=getattr(args, "precision", "auto"))
-    selection = select(root)
-    print_selection(selection)
-    split = split_files(selection, args.holdout, args.seed)
-    if not split.train or not split.heldout:
-        raise SpecdecError("need at least two usable source files (one to train on, one held out)")
+    root, selection, split = split_repo(args.repo, args.holdout, args.seed, show=print_selection)
     key, remote, commit = repo_identity(root)
     target = load(args.target, args.dtype)
     draft = load(args.draft, "fp32")
