@@ -113,14 +113,18 @@ async function showStats(page: Page, screenshot: string | undefined): Promise<{ 
   return found;
 }
 
-async function runCommand(page: Page, title: string): Promise<void> {
+/** Opens a quick-input box with `key`, enters `query`, waits for the row labelled `row`, picks it. */
+async function quickPick(page: Page, key: string, query: string, row: string, timeout: number): Promise<void> {
   await page.keyboard.press("Escape");
-  await page.keyboard.press("F1");
-  // typing before the palette's input has focus loses keys: fill the input itself
-  await page.locator(".quick-input-widget .quick-input-box input").fill(`>${title}`);
-  await page.waitForSelector(`.quick-input-list .monaco-list-row[aria-label*="${title.split(": ").pop()}"]`,
-    { timeout: 15_000 });
+  await page.keyboard.press(key);
+  // typing before the box's input has focus loses keys: fill the input itself
+  await page.locator(".quick-input-widget .quick-input-box input").fill(query);
+  await page.waitForSelector(`.quick-input-list .monaco-list-row[aria-label*="${row}"]`, { timeout });
   await page.keyboard.press("Enter");
+}
+
+async function runCommand(page: Page, title: string): Promise<void> {
+  await quickPick(page, "F1", `>${title}`, title.split(": ").pop()!, 15_000);
 }
 
 /** "Toggle completions" off (a settings change the server gets), then types: no ghost text may show; on again. */
@@ -240,11 +244,7 @@ async function main(): Promise<void> {
     await waitFor("the specdec server to load its models", async () => /specdec ready|accepted/.test(await statusBar(page)),
       timeoutMs, 500);
 
-    await page.keyboard.press("Control+P");  // Quick Open
-    await page.locator(".quick-input-widget .quick-input-box input").fill(values.file!);
-    await page.waitForSelector(`.quick-input-list .monaco-list-row[aria-label*="${path.basename(values.file!)}"]`,
-      { timeout: 30_000 });
-    await page.keyboard.press("Enter");
+    await quickPick(page, "Control+P", values.file!, path.basename(values.file!), 30_000);  // Quick Open
     await page.waitForSelector(".editor-instance .monaco-editor .view-lines", { timeout: 30_000 });
     await page.click(".editor-instance .monaco-editor .view-lines");
     await page.keyboard.press("Control+G");  // go to line:column
