@@ -67,11 +67,12 @@ def compare_objectives(args, objectives: list[str], report=print) -> list[Object
     target_argmax = _argmax(target.model, ids, mask)
     report(f"{len(samples)} training samples from {len(split.train)} files; {len(heldout)} held-out samples "
            f"({int(mask.sum())} tokens) from {len(split.heldout)} files")
-    scores = []
+    scores, before = [], None
     for objective in objectives:
         draft = load(args.draft, "fp32")  # a fresh base draft for every objective
         check_same_tokenizer(tokenizer, draft.tokenizer, args.target, args.draft)
-        before = top1_agreement(draft.model, target_argmax, ids, mask)
+        if before is None:  # the same base every time: score it once
+            before = top1_agreement(draft.model, target_argmax, ids, mask)
         config = TrainConfig(objective=objective, rank=args.rank, alpha=args.alpha, learning_rate=args.lr,
                              target_modules=tuple(args.target_modules.split(",")), batch_size=args.batch_size,
                              seq_len=args.seq_len, max_steps=args.max_steps, max_minutes=args.max_minutes,
