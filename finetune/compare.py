@@ -76,7 +76,8 @@ def compare_objectives(args, objectives: list[str], report=print) -> list[Object
         config = TrainConfig(objective=objective, rank=args.rank, alpha=args.alpha, learning_rate=args.lr,
                              target_modules=tuple(args.target_modules.split(",")), batch_size=args.batch_size,
                              seq_len=args.seq_len, max_steps=args.max_steps, max_minutes=args.max_minutes,
-                             seed=args.seed, precision=args.precision)
+                             seed=args.seed, precision=args.precision, vocab=args.vocab,
+                             top_layers=args.top_layers)
         with tempfile.TemporaryDirectory() as workdir:  # fresh every time: never resume an earlier comparison
             model, result = train(draft.model, target.model if objective != "lm" else None, tokenizer, samples,
                                   config, Path(workdir), progress=not args.quiet)

@@ -50,7 +50,7 @@ def finetune_repo(args, report=print, on_step=None) -> dict:
                          target_modules=tuple(args.target_modules.split(",")), learning_rate=args.lr,
                          batch_size=args.batch_size, seq_len=args.seq_len, max_steps=args.max_steps,
                          max_minutes=args.max_minutes, max_tokens=args.max_tokens, seed=args.seed,
-                         precision=getattr(args, "precision", "auto"))
+                         precision=args.precision, vocab=args.vocab, top_layers=args.top_layers)
     root, selection, split = split_repo(args.repo, args.holdout, args.seed, show=print_selection)
     key, remote, commit = repo_identity(root)
     target = load(args.target, args.dtype)
@@ -141,6 +141,11 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                    help="training precision (auto: bf16 where the hardware runs it natively)")
+    p.add_argument("--vocab", choices=("full", "repo"), default="full",
+                   help="compute the losses over the full vocabulary or only the repository's tokens (faster "
+                        "steps, but measured lower acceptance after 30 minutes)")
+    p.add_argument("--top-layers", type=int, default=0,
+                   help="LoRA on the draft's last N decoder layers only (faster steps); 0: every layer")
     p.add_argument("--force", action="store_true", help="register even if acceptance did not improve")
     p.add_argument("--report", help="write the full JSON report here")
     p.add_argument("--quiet", action="store_true")

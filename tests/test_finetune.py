@@ -109,7 +109,7 @@ def args_for(repo, pair, **overrides):
                 rank=16, alpha=16, target_modules="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
                 lr=1e-2, batch_size=4, seq_len=128, max_steps=40, max_minutes=5.0, max_tokens=0, holdout=0.25,
                 eval_holes=4, eval_tokens=12, seed=0, force=False, report=None, quiet=True, progress_json=False,
-                precision="fp32")
+                precision="fp32", vocab="full", top_layers=0)
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -292,6 +292,57 @@ def test_objective_comparison_scores_each_objective_from_the_same_base(tmp_path,
     assert f"best: {best.objective}" in capsys.readouterr().out
 
 
+def test_repo_vocabulary_restricts_both_models_to_the_repos_tokens(tok):
+    import torch
+
+    from finetune.train import Vocabulary, loss_fn, output_logits
+
+    samples = [tok.encode("def add(a, b):\n    return a + b\n"), tok.encode("for i in range(10):\n")]
+    vocab = Vocabulary.of(samples, tok, len(tok))
+    assert set(vocab.ids.tolist()) == {t for s in samples for t in s} | set(tok.all_special_ids)
+    model = tiny.model(seed=3)
+    ids = torch.tensor([samples[0][:8], samples[1][:8]])
+    mask = torch.ones_like(ids)
+    full = model(input_ids=ids, attention_mask=mask).logits
+    restricted = output_logits(model, ids, mask, vocab)
+    assert restricted.shape == (2, 8, len(vocab.ids))
+    torch.testing.assert_close(restricted, full[..., vocab.ids])  # the same logits, fewer columns
+    labels = vocab.labels(ids)
+    assert torch.equal(vocab.ids[labels], ids)
+    # cross-entropy over the repo's tokens is the full one renormalized over them
+    ce = loss_fn(restricted, labels, mask, None, "lm")
+    expected = torch.nn.functional.cross_entropy(full[:, :-1, vocab.ids].reshape(-1, len(vocab.ids)),
+                                                 labels[:, 1:].reshape(-1))
+    torch.testing.assert_close(ce, expected)
+    assert float(loss_fn(restricted, labels, mask, restricted, "distill")) == pytest.approx(0.0, abs=1e-6)
+    assert float(loss_fn(restricted, labels, mask, output_logits(tiny.model(seed=4), ids, mask, vocab),
+                         "distill")) > 0.01
+
+
+def test_top_layers_and_bf16_training_leave_the_base_draft_exactly_as_it_was(tmp_path, tok):
+    import torch
+
+    from finetune.train import TrainConfig, train
+
+    draft = tiny.model(seed=2, layers=3)
+    for p in draft.parameters():  # bf16-representable weights, as the cached real models are
+        p.data = p.data.to(torch.bfloat16).float()
+    before = {k: v.clone() for k, v in draft.state_dict().items()}
+    samples = SampleBuilder(tok, fim.detect(tok), seq_len=64).samples(
+        split_files(select(make_repo(tmp_path / "repo", files=3, git=False)), 0.0).train, 8, seed=0)
+    config = TrainConfig(objective="distill", top_layers=1, precision="bf16", vocab="repo", max_steps=2, batch_size=2)
+    model, result = train(draft, tiny.model(seed=1), tok, samples, config, tmp_path / "run", progress=False)
+    assert result.steps == 2
+    lora_layers = {name.split(".layers.")[1].split(".")[0] for name, _ in model.named_parameters() if "lora_" in name}
+    assert lora_layers == {"2"}  # only the last decoder layer is adapted
+    base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+            for k, v in model.state_dict().items() if "lora_" not in k}
+    assert all(v.dtype == torch.float32 for v in base.values())
+    assert all(torch.equal(base[k], v) for k, v in before.items())  # frozen weights untouched by the bf16 round trip
+    with pytest.raises(SpecdecError, match="vocab must be"):
+        TrainConfig(vocab="tiny")
+
+
 def test_finetune_bench_trains_with_the_finetune_commands_own_defaults():
     from finetune.bench import _finetune_args
 
@@ -301,3 +352,4 @@ def test_finetune_bench_trains_with_the_finetune_commands_own_defaults():
     assert (args.objective, args.max_steps, args.force) == ("lm", 100_000, True)
     assert (args.rank, args.alpha, args.lr, args.batch_size, args.seq_len, args.holdout) == (16, 32, 3e-4, 2, 384, 0.1)
     assert args.target_modules == "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    assert (args.vocab, args.top_layers) == ("full", 0)
