@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from finetune.dataset import SampleBuilder
-from finetune.run import MAX_SAMPLES, split_repo
-from finetune.train import TrainConfig, collate, train
+from finetune.run import MAX_SAMPLES, split_repo, train_config
+from finetune.train import collate, pad_token_id, train
 from specdec import fim
 
 
@@ -62,8 +62,7 @@ def compare_objectives(args, objectives: list[str], report=print) -> list[Object
     builder = SampleBuilder(tokenizer, fim.detect(tokenizer), args.seq_len)
     samples = builder.samples(split.train, min(args.max_steps * args.batch_size, MAX_SAMPLES), args.seed)
     heldout = builder.samples(split.heldout, args.heldout_samples, args.seed + 1)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ids, mask = collate(heldout, pad_id)
+    ids, mask = collate(heldout, pad_token_id(tokenizer))
     target_argmax = _argmax(target.model, ids, mask)
     report(f"{len(samples)} training samples from {len(split.train)} files; {len(heldout)} held-out samples "
            f"({int(mask.sum())} tokens) from {len(split.heldout)} files")
@@ -73,11 +72,7 @@ def compare_objectives(args, objectives: list[str], report=print) -> list[Object
         check_same_tokenizer(tokenizer, draft.tokenizer, args.target, args.draft)
         if before is None:  # the same base every time: score it once
             before = top1_agreement(draft.model, target_argmax, ids, mask)
-        config = TrainConfig(objective=objective, rank=args.rank, alpha=args.alpha, learning_rate=args.lr,
-                             target_modules=tuple(args.target_modules.split(",")), batch_size=args.batch_size,
-                             seq_len=args.seq_len, max_steps=args.max_steps, max_minutes=args.max_minutes,
-                             seed=args.seed, precision=args.precision, vocab=args.vocab,
-                             top_layers=args.top_layers)
+        config = train_config(args, objective)
         with tempfile.TemporaryDirectory() as workdir:  # fresh every time: never resume an earlier comparison
             model, result = train(draft.model, target.model if objective != "lm" else None, tokenizer, samples,
                                   config, Path(workdir), progress=not args.quiet)

@@ -43,14 +43,19 @@ def split_repo(repo: str, holdout: float, seed: int, show=None):
     return root, selection, split
 
 
+def train_config(args, objective: str | None = None) -> TrainConfig:
+    """The training settings `specdec finetune`'s arguments describe (the objective may be overridden)."""
+    return TrainConfig(objective=objective or args.objective, rank=args.rank, alpha=args.alpha,
+                       target_modules=tuple(args.target_modules.split(",")), learning_rate=args.lr,
+                       batch_size=args.batch_size, seq_len=args.seq_len, max_steps=args.max_steps,
+                       max_minutes=args.max_minutes, max_tokens=args.max_tokens, seed=args.seed,
+                       precision=args.precision, vocab=args.vocab, top_layers=args.top_layers)
+
+
 def finetune_repo(args, report=print, on_step=None) -> dict:
     from specdec.models import load
 
-    config = TrainConfig(objective=args.objective, rank=args.rank, alpha=args.alpha,
-                         target_modules=tuple(args.target_modules.split(",")), learning_rate=args.lr,
-                         batch_size=args.batch_size, seq_len=args.seq_len, max_steps=args.max_steps,
-                         max_minutes=args.max_minutes, max_tokens=args.max_tokens, seed=args.seed,
-                         precision=args.precision, vocab=args.vocab, top_layers=args.top_layers)
+    config = train_config(args)
     root, selection, split = split_repo(args.repo, args.holdout, args.seed, show=print_selection)
     key, remote, commit = repo_identity(root)
     target = load(args.target, args.dtype)

@@ -73,6 +73,10 @@ class TrainResult:
     resumed_from: int = 0
 
 
+def pad_token_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def collate(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(x) for x in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -194,7 +198,8 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
     torch.manual_seed(config.seed)
     mixed_precision = _mixed_precision(config.precision)
     base_dtype = next(draft.parameters()).dtype
-    if mixed_precision == "bf16" and _bf16_exact(draft):
+    held_in_bf16 = mixed_precision == "bf16" and base_dtype != torch.bfloat16 and _bf16_exact(draft)
+    if held_in_bf16:
         draft.to(torch.bfloat16)  # frozen weights in bf16: no per-step casts; LoRA weights stay fp32 (peft)
     state = load_checkpoint_state(workdir, config)
     if state:
@@ -207,10 +212,12 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
                                                  target_modules=list(config.target_modules), task_type="CAUSAL_LM"))
     AcceleratorState._reset_state()  # accelerate keeps one precision per process; each training chooses its own
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision)
-    size = draft.get_output_embeddings().weight.shape[0]
-    if target is not None:
-        size = min(size, target.get_output_embeddings().weight.shape[0])
-    vocab = Vocabulary.of(samples, tokenizer, size) if config.vocab == "repo" else None
+    vocab = None
+    if config.vocab == "repo":
+        size = draft.get_output_embeddings().weight.shape[0]
+        if target is not None:
+            size = min(size, target.get_output_embeddings().weight.shape[0])
+        vocab = Vocabulary.of(samples, tokenizer, size)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     if state:
         saved = torch.load(workdir / "checkpoint" / "trainer.pt", weights_only=False)
@@ -219,7 +226,7 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
     model, optimizer = accelerator.prepare(model, optimizer)
     if target is not None:
         target.eval()
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     step, tokens = (state["step"], state["tokens"]) if state else (0, 0)
     elapsed = state["seconds"] if state else 0.0
     result = TrainResult(step, tokens, elapsed, resumed_from=step)
@@ -280,7 +287,8 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         bar.close()
         raise
     finally:
-        model.to(base_dtype)  # the caller's draft as it was (bf16 round trip is exact, see _bf16_exact)
+        if held_in_bf16:
+            model.to(base_dtype)  # the caller's draft as it was (bf16 round trip is exact, see _bf16_exact)
     bar.close()
     checkpoint()
     model.eval()
