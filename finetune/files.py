@@ -141,7 +141,9 @@ def select(root: Path, max_bytes: int = MAX_BYTES) -> FileSelection:
             else:
                 text = data.decode("utf-8", "replace")
                 lines = text.splitlines() or [""]
-                if name.endswith((".min.js", ".min.css")) or max(map(len, lines)) > 1000 or len(text) / len(lines) > 200:
+                if not text.strip():
+                    reason = "empty"  # nothing to learn, and no hole to evaluate when held out
+                elif name.endswith((".min.js", ".min.css")) or max(map(len, lines)) > 1000 or len(text) / len(lines) > 200:
                     reason = "minified"
                 elif any(marker in text[:2000] for marker in GENERATED_MARKERS):
                     reason = "generated"

@@ -197,6 +197,12 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         raise SpecdecError(f"objective {config.objective} needs the target model")
     torch.manual_seed(config.seed)
     mixed_precision = _mixed_precision(config.precision)
+    AcceleratorState._reset_state()  # accelerate keeps one precision per process; each training chooses its own
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision)
+    if accelerator.num_processes > 1:
+        # The step calls the unwrapped model (output_logits needs its decoder and head), which a
+        # DistributedDataParallel wrapper would not synchronise: refuse rather than train wrongly.
+        raise SpecdecError("specdec finetune trains on one device; run it without `accelerate launch`")
     base_dtype = next(draft.parameters()).dtype
     held_in_bf16 = mixed_precision == "bf16" and base_dtype != torch.bfloat16 and _bf16_exact(draft)
     if held_in_bf16:
@@ -210,8 +216,6 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         model = get_peft_model(draft, LoraConfig(r=config.rank, lora_alpha=config.alpha,
                                                  lora_dropout=config.dropout, layers_to_transform=top and list(top),
                                                  target_modules=list(config.target_modules), task_type="CAUSAL_LM"))
-    AcceleratorState._reset_state()  # accelerate keeps one precision per process; each training chooses its own
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision)
     vocab = None
     if config.vocab == "repo":
         size = draft.get_output_embeddings().weight.shape[0]
