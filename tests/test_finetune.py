@@ -49,6 +49,12 @@ def make_repo(root: Path, files: int = 12, git: bool = True) -> Path:
     return root
 
 
+def training_samples(tmp_path: Path, tok, files: int, count: int) -> list[list[int]]:
+    """Short training samples from every file of a fresh synthetic repository (nothing held out)."""
+    root = make_repo(tmp_path / "repo", files=files, git=False)
+    return SampleBuilder(tok, fim.detect(tok), seq_len=64).samples(split_files(select(root), 0.0).train, count, seed=0)
+
+
 @pytest.mark.parametrize("git", [True, False])
 def test_selection_skips_secrets_vendored_generated_and_ignored(tmp_path, git):
     root = make_repo(tmp_path / "repo", files=3, git=git)
@@ -331,8 +337,7 @@ def test_top_layers_and_bf16_training_leave_the_base_draft_exactly_as_it_was(tmp
     for p in draft.parameters():  # bf16-representable weights, as the cached real models are
         p.data = p.data.to(torch.bfloat16).float()
     before = {k: v.clone() for k, v in draft.state_dict().items()}
-    samples = SampleBuilder(tok, fim.detect(tok), seq_len=64).samples(
-        split_files(select(make_repo(tmp_path / "repo", files=3, git=False)), 0.0).train, 8, seed=0)
+    samples = training_samples(tmp_path, tok, files=3, count=8)
     config = TrainConfig(objective="distill", top_layers=1, precision="bf16", vocab="repo", max_steps=2, batch_size=2)
     model, result = train(draft, tiny.model(seed=1), tok, samples, config, tmp_path / "run", progress=False)
     assert result.steps == 2
@@ -358,8 +363,7 @@ def test_training_refuses_several_processes_before_touching_the_draft(tmp_path, 
 
     monkeypatch.setattr(accelerate, "Accelerator", TwoProcesses)  # as `accelerate launch` on two GPUs reports
     draft = tiny.model(seed=2, layers=2)
-    samples = SampleBuilder(tok, fim.detect(tok), seq_len=64).samples(
-        split_files(select(make_repo(tmp_path / "repo", files=2, git=False)), 0.0).train, 4, seed=0)
+    samples = training_samples(tmp_path, tok, files=2, count=4)
     config = train_module.TrainConfig(objective="lm", precision="bf16", max_steps=1)
     with pytest.raises(SpecdecError, match="trains on one device"):
         train_module.train(draft, None, tok, samples, config, tmp_path / "run", progress=False)
