@@ -21,7 +21,7 @@ import torch
 
 from specdec.errors import SpecdecError
 
-OBJECTIVES = ("distill", "lm", "mixed")
+OBJECTIVES = ("distill", "lm", "mixed", "argmax")
 DEFAULT_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -122,21 +122,25 @@ def output_logits(model, ids, mask, vocab: Vocabulary | None) -> torch.Tensor:
 
 
 def loss_fn(draft_logits, labels, mask, target_logits, objective: str) -> torch.Tensor:
-    """Mean over real next-token positions of CE (lm), KL(p_target || q_draft) (distill), or both.
-    `labels` are the ids in the logits' own vocabulary (see Vocabulary.labels)."""
+    """Mean over real next-token positions of CE on the code (lm), KL(p_target || q_draft) (distill),
+    both (mixed), or CE on the target's own top token (argmax: hard distillation, which is what a
+    greedy verifier counts). `labels` are the ids in the logits' own vocabulary (see Vocabulary.labels)."""
     logits = draft_logits[:, :-1].float()
     valid = mask[:, 1:].bool()
     losses = []
     if objective in ("lm", "mixed"):
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="none")
         losses.append(ce[valid].mean())
+    if objective in ("distill", "mixed", "argmax"):
+        vocab = min(logits.shape[-1], target_logits.shape[-1])
+        logits, target = logits[..., :vocab], target_logits[:, :-1, :vocab].float()
     if objective in ("distill", "mixed"):
-        log_q = logits.log_softmax(-1)
-        log_p = target_logits[:, :-1].float().log_softmax(-1)
-        vocab = min(log_p.shape[-1], log_q.shape[-1])
-        log_p, log_q = log_p[..., :vocab], log_q[..., :vocab]
+        log_q, log_p = logits.log_softmax(-1), target.log_softmax(-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1)
         losses.append(kl[valid].mean())
+    if objective == "argmax":
+        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target.argmax(-1), reduction="none")
+        losses.append(ce[valid].mean())
     return sum(losses) / len(losses)
 
 

@@ -328,6 +328,26 @@ def test_repo_vocabulary_restricts_both_models_to_the_repos_tokens(tok):
                          "distill")) > 0.01
 
 
+def test_argmax_objective_is_cross_entropy_toward_the_targets_top_token():
+    import torch
+
+    from finetune.train import loss_fn
+
+    torch.manual_seed(0)
+    draft, target = torch.randn(2, 6, 11), torch.randn(2, 6, 11)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    code = torch.randint(0, 11, (2, 6))
+    valid = mask[:, 1:].bool()
+    expected = torch.nn.functional.cross_entropy(draft[:, :-1][valid], target[:, :-1].argmax(-1)[valid])
+    torch.testing.assert_close(loss_fn(draft, code, mask, target, "argmax"), expected)
+    # the code's own next tokens play no part: only what the target would pick greedily
+    torch.testing.assert_close(loss_fn(draft, (code + 1) % 11, mask, target, "argmax"), expected)
+    # a draft that puts its mass on the target's top tokens scores lower than one on other tokens
+    agreeing = torch.nn.functional.one_hot(target.argmax(-1), 11).float() * 10
+    disagreeing = torch.nn.functional.one_hot((target.argmax(-1) + 1) % 11, 11).float() * 10
+    assert loss_fn(agreeing, code, mask, target, "argmax") < 0.01 < loss_fn(disagreeing, code, mask, target, "argmax")
+
+
 def test_top_layers_and_bf16_training_leave_the_base_draft_exactly_as_it_was(tmp_path, tok):
     import torch
 
