@@ -328,6 +328,30 @@ def test_repo_vocabulary_restricts_both_models_to_the_repos_tokens(tok):
                          "distill")) > 0.01
 
 
+def test_length_bucketed_batches_use_every_sample_once_with_little_padding():
+    import random
+
+    from finetune.train import length_bucketed_batches
+
+    rng = random.Random(0)  # like the real pool: FIM samples of ~200 tokens, full-length windows of 384
+    samples = [[1] * (rng.randint(150, 260) if rng.random() < 0.7 else 384) for _ in range(301)]
+    batches = length_bucketed_batches(samples, 2, seed=5)
+    assert sorted(i for b in batches for i in b) == list(range(301))
+    assert all(1 <= len(b) <= 2 for b in batches) and sum(len(b) == 1 for b in batches) == 1
+    assert batches == length_bucketed_batches(samples, 2, seed=5) != length_bucketed_batches(samples, 2, seed=6)
+
+    def padded(groups):
+        return sum(len(g) * max(len(samples[i]) for i in g) for g in groups)
+
+    real = sum(len(s) for s in samples)
+    order = list(range(301))
+    rng.shuffle(order)
+    unsorted = [order[i : i + 2] for i in range(0, 301, 2)]
+    assert real / padded(batches) > 0.97 > 0.9 > real / padded(unsorted)
+    # still a random order: the first few batches are not simply the shortest samples
+    assert max(len(samples[i]) for b in batches[:20] for i in b) == 384
+
+
 def test_argmax_objective_is_cross_entropy_toward_the_targets_top_token():
     import torch
 
