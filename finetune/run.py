@@ -11,7 +11,7 @@ from adapters.registry import AdapterMeta, Registry, repo_identity
 from finetune.dataset import SampleBuilder, split_files
 from finetune.evaluate import holes_for, measure
 from finetune.files import select
-from finetune.train import TrainConfig, train
+from finetune.train import TrainConfig, discard_checkpoint, train
 from specdec import fim
 from specdec.errors import SpecdecError
 from specdec.paths import data_dir
@@ -97,6 +97,7 @@ def finetune_repo(args, report=print, on_step=None) -> dict:
         report(f"registered adapter {meta.name}" + (" (--force)" if gain <= 0 else ""))
     else:
         report("not registered: the adapter did not raise acceptance (use --force to keep it anyway)")
+    discard_checkpoint(workdir)  # only now: a crash before this point resumes the finished run and registers it
     return outcome
 
 

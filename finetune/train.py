@@ -198,6 +198,13 @@ def _save_checkpoint(model, optimizer, state: dict, workdir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def discard_checkpoint(workdir: Path) -> None:
+    """Forget a finished run, so the next `specdec finetune` of the repository trains afresh
+    instead of resuming a run whose budget is already spent (and re-registering its adapter)."""
+    for name in ("checkpoint", ".checkpoint.tmp", ".checkpoint.old"):
+        shutil.rmtree(workdir / name, ignore_errors=True)
+
+
 def load_checkpoint_state(workdir: Path, config: TrainConfig) -> dict | None:
     state_file = workdir / "checkpoint" / "state.json"
     if not state_file.is_file():

@@ -148,6 +148,10 @@ def test_interrupted_training_leaves_registry_unchanged_and_resumes(tmp_path, pa
     outcome = finetune_repo(args_for(repo, pair, max_steps=6, force=True), report=lambda m: None)
     assert outcome["training"]["resumed_from"] == 3 and outcome["training"]["steps"] == 6
     assert len(Registry().list()) == 1
+    # a finished run is not resumed again: the next fine-tune of the repository trains afresh
+    again = finetune_repo(args_for(repo, pair, max_steps=6, force=True), report=lambda m: None)
+    assert again["training"]["resumed_from"] == 0 and again["training"]["steps"] == 6
+    assert [m.version for m in Registry().list()] == ["v1", "v2"]
 
 
 def test_registry_round_trip_and_refusals(tmp_path, pair):
