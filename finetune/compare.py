@@ -1,4 +1,4 @@
-"""`specdec bench --finetune REPO --objective distill,lm,mixed,argmax`: which objective raises acceptance fastest?
+"""`specdec bench --finetune REPO --objective distill,lm,mixed,argmax,tvd`: which objective raises acceptance fastest?
 
 The issue's rule is "default to what measures best", so this measures it on the real pair: every objective
 trains a fresh LoRA on the same samples under the same time budget (lm needs no target forward, so it gets

@@ -21,7 +21,7 @@ import torch
 
 from specdec.errors import SpecdecError
 
-OBJECTIVES = ("distill", "lm", "mixed", "argmax")
+OBJECTIVES = ("distill", "lm", "mixed", "argmax", "tvd")
 DEFAULT_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -142,15 +142,17 @@ def output_logits(model, ids, mask, vocab: Vocabulary | None) -> torch.Tensor:
 
 def loss_fn(draft_logits, labels, mask, target_logits, objective: str) -> torch.Tensor:
     """Mean over real next-token positions of CE on the code (lm), KL(p_target || q_draft) (distill),
-    both (mixed), or CE on the target's own top token (argmax: hard distillation, which is what a
-    greedy verifier counts). `labels` are the ids in the logits' own vocabulary (see Vocabulary.labels)."""
+    both (mixed), CE on the target's own top token (argmax: hard distillation, which is what a
+    greedy verifier counts), or the total variation distance (tvd: DistillSpec's choice; 1 - TVD is
+    exactly the chance min(1, p/q) acceptance keeps a sampled draft token). `labels` are the ids in
+    the logits' own vocabulary (see Vocabulary.labels)."""
     logits = draft_logits[:, :-1].float()
     valid = mask[:, 1:].bool()
     losses = []
     if objective in ("lm", "mixed"):
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="none")
         losses.append(ce[valid].mean())
-    if objective in ("distill", "mixed", "argmax"):
+    if objective in ("distill", "mixed", "argmax", "tvd"):
         vocab = min(logits.shape[-1], target_logits.shape[-1])
         logits, target = logits[..., :vocab], target_logits[:, :-1, :vocab].float()
     if objective in ("distill", "mixed"):
@@ -160,6 +162,9 @@ def loss_fn(draft_logits, labels, mask, target_logits, objective: str) -> torch.
     if objective == "argmax":
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target.argmax(-1), reduction="none")
         losses.append(ce[valid].mean())
+    if objective == "tvd":
+        tvd = 0.5 * (target.softmax(-1) - logits.softmax(-1)).abs().sum(-1)
+        losses.append(tvd[valid].mean())
     return sum(losses) / len(losses)
 
 

@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--finetune", metavar="REPO", help="adapter benchmark instead: fine-tune on REPO, then compare "
                                                      "speculation on its held-out files without/with the adapter")
     p.add_argument("--objective", default="distill",
-                   help="--finetune: training objective; a comma list (distill,lm,mixed,argmax) compares them instead, "
-                        "--max-minutes each")
+                   help="--finetune: training objective; a comma list (distill,lm,mixed,argmax,tvd) compares "
+                        "them instead, --max-minutes each")
     p.add_argument("--max-minutes", type=float, default=30.0, help="--finetune: training time budget")
     p.set_defaults(func=cmd_bench)
 
