@@ -143,9 +143,9 @@ def output_logits(model, ids, mask, vocab: Vocabulary | None) -> torch.Tensor:
 def loss_fn(draft_logits, labels, mask, target_logits, objective: str) -> torch.Tensor:
     """Mean over real next-token positions of CE on the code (lm), KL(p_target || q_draft) (distill),
     both (mixed), CE on the target's own top token (argmax: hard distillation, which is what a
-    greedy verifier counts), or the total variation distance (tvd: DistillSpec's choice; 1 - TVD is
-    exactly the chance min(1, p/q) acceptance keeps a sampled draft token). `labels` are the ids in
-    the logits' own vocabulary (see Vocabulary.labels)."""
+    greedy verifier counts), or the total variation distance (tvd, another of DistillSpec's
+    divergences: 1 - TVD is exactly the chance min(1, p/q) acceptance keeps a sampled draft token).
+    `labels` are the ids in the logits' own vocabulary (see Vocabulary.labels)."""
     logits = draft_logits[:, :-1].float()
     valid = mask[:, 1:].bool()
     losses = []
