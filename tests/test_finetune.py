@@ -356,16 +356,23 @@ def test_length_bucketed_batches_use_every_sample_once_with_little_padding():
     assert max(len(samples[i]) for b in batches[:20] for i in b) == 384
 
 
-def test_argmax_objective_is_cross_entropy_toward_the_targets_top_token():
+def random_loss_inputs():
+    """Draft and target logits over 11 tokens, a mask with padding, the code and its real positions."""
     import torch
-
-    from finetune.train import loss_fn
 
     torch.manual_seed(0)
     draft, target = torch.randn(2, 6, 11), torch.randn(2, 6, 11)
     mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
     code = torch.randint(0, 11, (2, 6))
-    valid = mask[:, 1:].bool()
+    return draft, target, mask, code, mask[:, 1:].bool()
+
+
+def test_argmax_objective_is_cross_entropy_toward_the_targets_top_token():
+    import torch
+
+    from finetune.train import loss_fn
+
+    draft, target, mask, code, valid = random_loss_inputs()
     expected = torch.nn.functional.cross_entropy(draft[:, :-1][valid], target[:, :-1].argmax(-1)[valid])
     torch.testing.assert_close(loss_fn(draft, code, mask, target, "argmax"), expected)
     # the code's own next tokens play no part: only what the target would pick greedily
@@ -381,18 +388,14 @@ def test_tvd_objective_is_the_mean_total_variation_distance_to_the_target():
 
     from finetune.train import loss_fn
 
-    torch.manual_seed(0)
-    draft, target = torch.randn(2, 6, 11), torch.randn(2, 6, 11)
-    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
-    code = torch.randint(0, 11, (2, 6))
-    valid = mask[:, 1:].bool()
+    draft, target, mask, code, valid = random_loss_inputs()
     p, q = target[:, :-1].softmax(-1)[valid], draft[:, :-1].softmax(-1)[valid]
     expected = torch.tensor([0.5 * sum(abs(a - b) for a, b in zip(pi.tolist(), qi.tolist())) for pi, qi in zip(p, q)])
-    torch.testing.assert_close(loss_fn(draft, code, mask, target, "tvd"), expected.mean().float())
+    torch.testing.assert_close(loss_fn(draft, code, mask, target, "tvd"), expected.mean())
     # zero for a draft that is the target, bounded by 1, and the code's own tokens play no part
     assert loss_fn(target, code, mask, target, "tvd") < 1e-6
     assert 0 < loss_fn(-target * 10, code, mask, target, "tvd") <= 1
-    torch.testing.assert_close(loss_fn(draft, (code + 1) % 11, mask, target, "tvd"), expected.mean().float())
+    torch.testing.assert_close(loss_fn(draft, (code + 1) % 11, mask, target, "tvd"), expected.mean())
 
 
 def test_top_layers_and_bf16_training_leave_the_base_draft_exactly_as_it_was(tmp_path, tok):
