@@ -1,8 +1,9 @@
 """How well a draft agrees with the target on held-out code: acceptance and tokens per target pass.
 
 Fill-in-the-middle holes are cut from the held-out files (as the benchmark cuts them)
-and completed greedily with draft-model speculation at a fixed draft length, so two
-drafts (before and after fine-tuning) are measured on exactly the same work.
+and completed with draft-model speculation at a fixed draft length, so two drafts
+(before and after fine-tuning) are measured on exactly the same work. Greedy by default,
+as completions are; a seeded temperature measures what sampled completions would gain.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from specdec.bench.workload import SourceFile, cut_holes
 from specdec.completion import Completer
 from specdec.draft_model import DraftModel
 from specdec.engine import GenerationConfig, Session
+from specdec.sampling import SamplingConfig
 
 
 def holes_for(files, holes_per_file: int = 3, seed: int = 0):
@@ -23,7 +25,8 @@ def holes_for(files, holes_per_file: int = 3, seed: int = 0):
 
 
 def measure(target, draft, tokenizer, holes, max_new_tokens: int = 32, k: int = 4,
-            max_prefix_tokens: int = 512, max_suffix_tokens: int = 128) -> dict:
+            max_prefix_tokens: int = 512, max_suffix_tokens: int = 128,
+            sampling: SamplingConfig = SamplingConfig()) -> dict:
     """Totals and per-language acceptance / tokens per pass of `draft` speculating for `target`."""
     session = Session(target, tokenizer, DraftModel(draft, DraftLength(k_max=k, adaptive=False)), strategy="draft")
     completer = Completer.for_session(session, max_prefix_tokens=max_prefix_tokens,
@@ -31,7 +34,7 @@ def measure(target, draft, tokenizer, holes, max_new_tokens: int = 32, k: int = 
     per: dict[str, dict] = {}
     for hole in holes:
         session.reset()
-        stats = completer.complete(hole.prefix, hole.suffix, GenerationConfig(max_new_tokens, max_draft=k)).stats
+        stats = completer.complete(hole.prefix, hole.suffix, GenerationConfig(max_new_tokens, sampling, max_draft=k)).stats
         for key in (hole.language, "total"):
             agg = per.setdefault(key, {"holes": 0, "drafted": 0, "accepted": 0, "new_tokens": 0, "produced": 0,
                                        "passes": 0})

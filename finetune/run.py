@@ -15,6 +15,7 @@ from finetune.train import TrainConfig, discard_checkpoint, train
 from specdec import fim
 from specdec.errors import SpecdecError
 from specdec.paths import data_dir
+from specdec.sampling import SamplingConfig
 
 MAX_SAMPLES = 2000  # more than a 30-minute CPU budget consumes; a larger budget cycles through them again
 
@@ -56,6 +57,7 @@ def finetune_repo(args, report=print, on_step=None) -> dict:
     from specdec.models import load
 
     config = train_config(args)
+    sampling = SamplingConfig(temperature=args.eval_temperature, seed=args.seed)  # bad input fails before loading
     root, selection, split = split_repo(args.repo, args.holdout, args.seed, show=print_selection)
     key, remote, commit = repo_identity(root)
     target = load(args.target, args.dtype)
@@ -71,13 +73,13 @@ def finetune_repo(args, report=print, on_step=None) -> dict:
     samples = SampleBuilder(tokenizer, template, config.seq_len).samples(split.train, count, args.seed)
     holes = holes_for(split.heldout, args.eval_holes, args.seed)
     report(f"dataset: {json.dumps(split.summary())}; {len(samples)} samples; {len(holes)} held-out holes")
-    before = measure(target.model, draft.model, tokenizer, holes, args.eval_tokens)
+    before = measure(target.model, draft.model, tokenizer, holes, args.eval_tokens, sampling=sampling)
     report(f"before: acceptance {before['total']['acceptance_rate']:.3f}, "
            f"tokens/pass {before['total']['tokens_per_pass']:.2f}")
     workdir = data_dir() / "runs" / key
     model, result = train(draft.model, target.model if config.objective != "lm" else None, tokenizer, samples,
                           config, workdir, progress=not (args.quiet or args.progress_json), on_step=on_step)
-    after = measure(target.model, model, tokenizer, holes, args.eval_tokens)
+    after = measure(target.model, model, tokenizer, holes, args.eval_tokens, sampling=sampling)
     gain = after["total"]["acceptance_rate"] - before["total"]["acceptance_rate"]
     report(f"after:  acceptance {after['total']['acceptance_rate']:.3f} ({gain:+.3f}), "
            f"tokens/pass {after['total']['tokens_per_pass']:.2f}")
@@ -144,6 +146,8 @@ def register(sub) -> None:
     p.add_argument("--holdout", type=float, default=0.1, help="fraction of files held out (by file)")
     p.add_argument("--eval-holes", type=int, default=3, help="FIM holes per held-out file")
     p.add_argument("--eval-tokens", type=int, default=32)
+    p.add_argument("--eval-temperature", type=float, default=0.0,
+                   help="measure acceptance at this sampling temperature (seeded; default 0: greedy, as completions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
                    help="training precision (auto: bf16 where the hardware runs it natively)")

@@ -117,8 +117,8 @@ def args_for(repo, pair, **overrides):
     base = dict(repo=str(repo), target=str(pair[0]), draft=str(pair[1]), dtype="fp32", objective="distill",
                 rank=16, alpha=16, target_modules="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
                 lr=1e-2, batch_size=4, seq_len=128, max_steps=40, max_minutes=5.0, max_tokens=0, holdout=0.25,
-                eval_holes=4, eval_tokens=12, seed=0, force=False, report=None, quiet=True, progress_json=False,
-                precision="fp32", vocab="full", top_layers=0)
+                eval_holes=4, eval_tokens=12, eval_temperature=0.0, seed=0, force=False, report=None, quiet=True,
+                progress_json=False, precision="fp32", vocab="full", top_layers=0)
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -133,6 +133,24 @@ def test_finetune_raises_acceptance_and_registers(tmp_path, pair):
     assert meta.name == outcome["registered"] and meta.version == "v1"
     assert meta.metrics_after["total"]["acceptance_rate"] == after["acceptance_rate"]
     assert meta.dataset["train"]["files"] == 9 and meta.base_draft == str(pair[1])
+
+
+def test_sampled_evaluation_accepts_every_token_of_a_draft_that_is_the_target_and_is_seeded(tmp_path, pair):
+    from finetune.evaluate import holes_for, measure
+    from specdec.models import load
+    from specdec.sampling import SamplingConfig
+
+    holes = holes_for(split_files(select(make_repo(tmp_path / "repo", files=4, git=False)), 0.0).train, 2, 0)
+    target, draft = load(str(pair[0]), "fp32"), load(str(pair[1]), "fp32")
+    hot = SamplingConfig(temperature=1.0, seed=7)
+    itself = measure(target.model, target.model, target.tokenizer, holes, 12, sampling=hot)["total"]
+    assert itself["drafted"] > 0 and itself["acceptance_rate"] == 1.0  # p / q = 1: lossless sampling accepts all
+    other = measure(target.model, draft.model, target.tokenizer, holes, 12, sampling=hot)["total"]
+    assert other["acceptance_rate"] < 1.0
+    assert measure(target.model, draft.model, target.tokenizer, holes, 12, sampling=hot)["total"] == other
+    assert measure(target.model, draft.model, target.tokenizer, holes, 12)["total"] != other  # greedy differs
+    with pytest.raises(SpecdecError, match="temperature"):
+        finetune_repo(args_for(tmp_path / "repo", pair, eval_temperature=-1.0), report=lambda m: None)
 
 
 def test_interrupted_training_leaves_registry_unchanged_and_resumes(tmp_path, pair):
