@@ -11,7 +11,7 @@ from adapters.registry import AdapterMeta, Registry, repo_identity
 from finetune.dataset import SampleBuilder, split_files
 from finetune.evaluate import holes_for, measure
 from finetune.files import select
-from finetune.train import TrainConfig, discard_checkpoint, train
+from finetune.train import DEFAULT_MODULES as SWITCHABLE_MODULES, TrainConfig, discard_checkpoint, train
 from specdec import fim
 from specdec.errors import SpecdecError
 from specdec.paths import data_dir
@@ -46,8 +46,13 @@ def split_repo(repo: str, holdout: float, seed: int, show=None):
 
 def train_config(args, objective: str | None = None) -> TrainConfig:
     """The training settings `specdec finetune`'s arguments describe (the objective may be overridden)."""
+    modules = tuple(m.strip() for m in args.target_modules.split(","))
+    unusable = [m for m in modules if m not in SWITCHABLE_MODULES]
+    if unusable:  # refused before a long run, not by the server after it
+        raise SpecdecError(f"--target-modules: {', '.join(unusable) or 'empty'} cannot be switched per workspace "
+                           f"by the server (choose from {','.join(SWITCHABLE_MODULES)})")
     return TrainConfig(objective=objective or args.objective, rank=args.rank, alpha=args.alpha,
-                       target_modules=tuple(args.target_modules.split(",")), learning_rate=args.lr,
+                       target_modules=modules, learning_rate=args.lr,
                        batch_size=args.batch_size, seq_len=args.seq_len, max_steps=args.max_steps,
                        max_minutes=args.max_minutes, max_tokens=args.max_tokens, seed=args.seed,
                        precision=args.precision, vocab=args.vocab, top_layers=args.top_layers)

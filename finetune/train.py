@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
 
 OBJECTIVES = ("distill", "lm", "mixed", "argmax", "tvd")
-DEFAULT_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass

@@ -153,6 +153,17 @@ def test_sampled_evaluation_accepts_every_token_of_a_draft_that_is_the_target_an
         finetune_repo(args_for(tmp_path / "repo", pair, eval_temperature=-1.0), report=lambda m: None)
 
 
+def test_target_modules_the_server_cannot_switch_are_refused_before_training(tmp_path, pair):
+    repo = make_repo(tmp_path / "repo", files=4)
+    for modules, named in (("q_proj,lm_head", "lm_head"), ("q_prj", "q_prj"), ("", "empty")):
+        with pytest.raises(SpecdecError, match=f"--target-modules: {named} cannot be switched"):
+            finetune_repo(args_for(repo, pair, target_modules=modules), report=lambda m: None)
+    assert Registry().list() == []
+    outcome = finetune_repo(args_for(repo, pair, target_modules=" q_proj, v_proj", max_steps=2, force=True),
+                            report=lambda m: None)
+    assert outcome["training"]["target_modules"] == ("q_proj", "v_proj")
+
+
 def test_interrupted_training_leaves_registry_unchanged_and_resumes(tmp_path, pair):
     repo = make_repo(tmp_path / "repo", files=6)
 
