@@ -34,7 +34,8 @@ def measure(target, draft, tokenizer, holes, max_new_tokens: int = 32, k: int = 
     per: dict[str, dict] = {}
     for hole in holes:
         session.reset()
-        stats = completer.complete(hole.prefix, hole.suffix, GenerationConfig(max_new_tokens, sampling, max_draft=k)).stats
+        config = GenerationConfig(max_new_tokens, sampling, max_draft=k)
+        stats = completer.complete(hole.prefix, hole.suffix, config).stats
         for key in (hole.language, "total"):
             agg = per.setdefault(key, {"holes": 0, "drafted": 0, "accepted": 0, "new_tokens": 0, "produced": 0,
                                        "passes": 0})
