@@ -31,10 +31,10 @@ def measure(target, draft, tokenizer, holes, max_new_tokens: int = 32, k: int = 
     session = Session(target, tokenizer, DraftModel(draft, DraftLength(k_max=k, adaptive=False)), strategy="draft")
     completer = Completer.for_session(session, max_prefix_tokens=max_prefix_tokens,
                                       max_suffix_tokens=max_suffix_tokens)
+    config = GenerationConfig(max_new_tokens, sampling, max_draft=k)
     per: dict[str, dict] = {}
     for hole in holes:
         session.reset()
-        config = GenerationConfig(max_new_tokens, sampling, max_draft=k)
         stats = completer.complete(hole.prefix, hole.suffix, config).stats
         for key in (hole.language, "total"):
             agg = per.setdefault(key, {"holes": 0, "drafted": 0, "accepted": 0, "new_tokens": 0, "produced": 0,

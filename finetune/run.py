@@ -11,9 +11,10 @@ from adapters.registry import AdapterMeta, Registry, repo_identity
 from finetune.dataset import SampleBuilder, split_files
 from finetune.evaluate import holes_for, measure
 from finetune.files import select
-from finetune.train import DEFAULT_MODULES as SWITCHABLE_MODULES, TrainConfig, discard_checkpoint, train
+from finetune.train import OBJECTIVES, TrainConfig, discard_checkpoint, train
 from specdec import fim
 from specdec.errors import SpecdecError
+from specdec.lora import TARGET_MODULES  # the modules the server can switch per workspace
 from specdec.paths import data_dir
 from specdec.sampling import SamplingConfig
 
@@ -47,10 +48,10 @@ def split_repo(repo: str, holdout: float, seed: int, show=None):
 def train_config(args, objective: str | None = None) -> TrainConfig:
     """The training settings `specdec finetune`'s arguments describe (the objective may be overridden)."""
     modules = tuple(m.strip() for m in args.target_modules.split(","))
-    unusable = [m for m in modules if m not in SWITCHABLE_MODULES]
+    unusable = [m for m in modules if m not in TARGET_MODULES]
     if unusable:  # refused before a long run, not by the server after it
         raise SpecdecError(f"--target-modules: {', '.join(unusable) or 'empty'} cannot be switched per workspace "
-                           f"by the server (choose from {','.join(SWITCHABLE_MODULES)})")
+                           f"by the server (choose from {','.join(TARGET_MODULES)})")
     return TrainConfig(objective=objective or args.objective, rank=args.rank, alpha=args.alpha,
                        target_modules=modules, learning_rate=args.lr,
                        batch_size=args.batch_size, seq_len=args.seq_len, max_steps=args.max_steps,
@@ -131,7 +132,6 @@ def cmd_finetune(args) -> int:
 
 def register(sub) -> None:
     from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-    from finetune.train import DEFAULT_MODULES, OBJECTIVES
 
     p = sub.add_parser("finetune", help="train a LoRA adapter for the draft on a repository's own code")
     p.add_argument("repo", help="repository root")
@@ -141,7 +141,7 @@ def register(sub) -> None:
     p.add_argument("--objective", choices=OBJECTIVES, default="distill")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--alpha", type=int, default=32)
-    p.add_argument("--target-modules", default=",".join(DEFAULT_MODULES))
+    p.add_argument("--target-modules", default=",".join(TARGET_MODULES))
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=384)
