@@ -10,6 +10,7 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.models import DRAFT_QUANT
 
 
 class SettingsError(ValueError):
@@ -67,8 +68,8 @@ class Settings:
             raise SettingsError(f"strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
         if self.dtype not in ("bf16", "fp32"):
             raise SettingsError(f"dtype must be bf16 or fp32, not {self.dtype!r}")
-        if self.draft_quant not in ("int8", "none"):
-            raise SettingsError(f"draftQuant must be int8 or none, not {self.draft_quant!r}")
+        if self.draft_quant not in DRAFT_QUANT:
+            raise SettingsError(f"draftQuant must be one of {', '.join(DRAFT_QUANT)}, not {self.draft_quant!r}")
         for name in ("max_new_tokens", "max_draft", "max_prefix_tokens"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1")

@@ -177,3 +177,34 @@ def test_adaptive_length_tracks_acceptance():
     for _ in range(20):
         length.observe(length.next_k(8), 0)
     assert length.next_k(8) == 1
+
+
+def test_int8_down_fp32_draft_survives_activation_outliers():
+    """Per-tensor dynamic int8 of an outlier-heavy down_proj input rounds the other channels away."""
+    import tiny
+    from peft import LoraConfig, get_peft_model
+
+    from specdec.int8 import Int8Linear
+    from specdec.models import quantize_draft
+
+    torch.manual_seed(0)
+    hidden = torch.randn(1, 8, 128)
+    hidden[..., :2] *= 300  # Qwen-like: a few MLP channels far larger than the rest
+    fp32 = tiny.model(seed=3).model.layers[0].mlp.down_proj
+    reference, ordinary = fp32(hidden), fp32(torch.cat([torch.zeros(1, 8, 2), hidden[..., 2:]], -1))
+    errors = {}
+    for mode in ("int8-down-fp32", "int8"):
+        mlp = quantize_draft(tiny.model(seed=3), mode).model.layers[0].mlp
+        assert type(mlp.up_proj) is Int8Linear
+        assert (type(mlp.down_proj) is Int8Linear) == (mode == "int8")
+        errors[mode] = ((mlp.down_proj(hidden) - reference).norm() / ordinary.norm()).item()
+    assert errors["int8-down-fp32"] == 0 and errors["int8"] > 0.3  # the ordinary channels' share is lost
+    assert quantize_draft(tiny.model(), "none").model.layers[0].mlp.up_proj.__class__ is torch.nn.Linear
+    with pytest.raises(SpecdecError, match="unknown draft quantization"):
+        quantize_draft(tiny.model(), "int4")
+    lora = LoraConfig(r=2, target_modules=["q_proj", "down_proj"])
+    wrapped = quantize_draft(get_peft_model(tiny.model(), lora), "int8-down-fp32")
+    layer = wrapped.base_model.model.model.layers[0]
+    assert type(layer.self_attn.q_proj.base_layer) is Int8Linear
+    assert type(layer.mlp.down_proj.base_layer) is torch.nn.Linear  # kept fp32 under peft's wrapper too
+    assert type(layer.mlp.down_proj.lora_A["default"]) is torch.nn.Linear
