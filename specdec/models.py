@@ -239,14 +239,14 @@ def list_cached() -> list[dict[str, Any]]:
     return rows
 
 
-DRAFT_QUANT = ("int8", "int8-down-fp32", "none")
-# Linear layers each mode leaves in fp32. Qwen2's MLP output projection sees activation
+# Linear layers each int8 mode leaves in fp32. Qwen2's MLP output projection sees activation
 # outliers (a few channels far larger than the rest); dynamic int8 scales the activation
 # per tensor, so the other channels round away. Teacher-forced on 99 pygments holes (0.5B draft
 # vs the 1.5B target's greedy output), acceptance at k = 4 / draft step: every Linear int8
 # 0.42 / 41 ms, down_proj kept fp32 0.56 / 53 ms, all fp32 0.58 / 88 ms. In the engine
 # benchmark on this 2-core CPU the faster step still wins, so "int8" quantizes everything.
 KEPT_FP32 = {"int8": (), "int8-down-fp32": ("down_proj",)}
+DRAFT_QUANT = (*KEPT_FP32, "none")
 
 
 def quantize_draft(model, mode: str = "int8"):
@@ -285,7 +285,7 @@ def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "bf16", dra
     target = load(target_spec, dtype, device)
     if not draft_spec:
         return ModelPair(target, None)
-    draft = load(draft_spec, "fp32" if draft_quant.startswith("int8") else dtype, device)
+    draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
     if adapter:
         draft.model = merge_adapter(draft.model, adapter)
