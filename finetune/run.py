@@ -132,12 +132,13 @@ def cmd_finetune(args) -> int:
 
 def register(sub) -> None:
     from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specdec.models import DTYPES
 
     p = sub.add_parser("finetune", help="train a LoRA adapter for the draft on a repository's own code")
     p.add_argument("repo", help="repository root")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target dtype")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="target dtype")
     p.add_argument("--objective", choices=OBJECTIVES, default="distill")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--alpha", type=int, default=32)

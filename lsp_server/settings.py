@@ -10,7 +10,7 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specdec.models import DRAFT_QUANT
+from specdec.models import DRAFT_QUANT, DTYPES
 
 
 class SettingsError(ValueError):
@@ -66,7 +66,7 @@ class Settings:
 
         if self.strategy not in STRATEGIES:
             raise SettingsError(f"strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
-        if self.dtype not in ("bf16", "fp32"):
+        if self.dtype not in DTYPES:
             raise SettingsError(f"dtype must be bf16 or fp32, not {self.dtype!r}")
         if self.draft_quant not in DRAFT_QUANT:
             raise SettingsError(f"draftQuant must be one of {', '.join(DRAFT_QUANT)}, not {self.draft_quant!r}")

@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
 from specdec.errors import SpecdecError
-from specdec.models import DRAFT_QUANT
+from specdec.models import DRAFT_QUANT, DTYPES
 from specdec.strategies import STRATEGIES as STRATEGY_CHOICES
 
 PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcommands
@@ -23,7 +23,7 @@ BENCH_GROUP = "specdec.bench"  # entry points: fn(args) -> exit code, selected b
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="target model: hub id, local dir or .gguf")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: hub id, local dir or .gguf")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target dtype (default bf16)")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="target dtype (default bf16)")
     p.add_argument("--draft-quant", choices=DRAFT_QUANT, default="int8",
                    help="quantize the draft (CPU; lossless either way: only the target decides; int8-down-fp32 "
                         "keeps the MLP output projections fp32: higher acceptance, slower draft step)")
