@@ -2,7 +2,7 @@
 
 Fine-tunes the draft on the repository (held-out files excluded, time-budgeted), then
 runs the engine benchmark on the held-out files twice, with the base draft and with the
-adapter merged into it, and prints acceptance, tokens per pass and speedup before/after.
+adapter beside it (fp32 LoRA over the quantized base, as the server runs it), and prints acceptance, tokens per pass and speedup before/after.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ def _finetune_args(args, **overrides) -> Namespace:
     parser = ArgumentParser()
     register(parser.add_subparsers())
     ft_args = parser.parse_args(["finetune", args.finetune, "--target", args.target, "--draft", args.draft,
-                                 "--dtype", args.dtype, "--max-minutes", str(args.max_minutes)])
+                                 "--dtype", args.dtype, "--max-minutes", str(args.max_minutes),
+                                 "--draft-quant", args.draft_quant])
     for key, value in overrides.items():
         setattr(ft_args, key, value)
     return ft_args

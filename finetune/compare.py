@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from finetune.dataset import SampleBuilder
+from finetune.evaluate import as_served
 from finetune.run import MAX_SAMPLES, split_repo, train_config
 from finetune.train import collate, pad_token_id, train
 from specdec import fim
@@ -70,14 +71,14 @@ def compare_objectives(args, objectives: list[str], report=print) -> list[Object
     for objective in objectives:
         draft = load(args.draft, "fp32")  # a fresh base draft for every objective
         check_same_tokenizer(tokenizer, draft.tokenizer, args.target, args.draft)
-        if before is None:  # the same base every time: score it once
-            before = top1_agreement(draft.model, target_argmax, ids, mask)
         config = train_config(args, objective)
+        if before is None:  # the same base every time: score it once
+            before = top1_agreement(as_served(draft.model, config.quant), target_argmax, ids, mask)
         with tempfile.TemporaryDirectory() as workdir:  # fresh every time: never resume an earlier comparison
             model, result = train(draft.model, target.model if objective != "lm" else None, tokenizer, samples,
                                   config, Path(workdir), progress=not args.quiet)
         score = ObjectiveScore(objective, result.steps, result.tokens, result.seconds / 60, before,
-                               top1_agreement(model, target_argmax, ids, mask))
+                               top1_agreement(as_served(model, config.quant), target_argmax, ids, mask))
         report(f"{objective}: {score.steps} steps, agreement {before:.4f} -> {score.agreement_after:.4f}")
         scores.append(score)
     return scores

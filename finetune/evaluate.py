@@ -8,12 +8,22 @@ as completions are; a seeded temperature measures what sampled completions would
 
 from __future__ import annotations
 
+import copy
+
 from specdec.adaptive import DraftLength
 from specdec.bench.workload import SourceFile, cut_holes
 from specdec.completion import Completer
 from specdec.draft_model import DraftModel
 from specdec.engine import GenerationConfig, Session
 from specdec.sampling import SamplingConfig
+
+
+def as_served(draft, quant: str):
+    """A copy of the draft (with its LoRA adapter, if any, kept beside the weights) quantized as
+    the server runs it: the adapter is trained over that base, and acceptance is measured there."""
+    from specdec.models import quantize_draft
+
+    return quantize_draft(copy.deepcopy(draft), quant)
 
 
 def holes_for(files, holes_per_file: int = 3, seed: int = 0):

@@ -2,7 +2,8 @@
 
 Objectives: `lm` (cross-entropy on the code), `distill` (DistillSpec: KL from the target's
 next-token distribution to the draft's on the same text: acceptance is what it raises),
-or `mixed`. Budgets in steps, minutes and tokens. A checkpoint (adapter, optimizer, step,
+or `mixed`. With `quant` the LoRA is fitted over the int8 draft the server runs (specdec.int8),
+so it corrects that draft, not an fp32 one nobody serves. Budgets in steps, minutes and tokens. A checkpoint (adapter, optimizer, step,
 RNG) is written atomically every few steps and on Ctrl-C, so a run resumes where it
 stopped and nothing half-written is ever left behind.
 """
@@ -20,7 +21,8 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
+from specdec.lora import TARGET_MODULES as DEFAULT_MODULES
+from specdec.models import DRAFT_QUANT, swap_int8  # every module the server can switch per workspace
 
 OBJECTIVES = ("distill", "lm", "mixed", "argmax", "tvd")
 
@@ -43,6 +45,7 @@ class TrainConfig:
     precision: str = "auto"  # auto: bf16 on CUDA and on CPUs with native bf16, else fp32
     vocab: str = "full"  # full: all 151k tokens; repo: only the training samples' tokens (faster steps)
     top_layers: int = 0  # LoRA on the last N decoder layers only (backward stops there); 0: all
+    quant: str = "none"  # train the LoRA over the draft quantized as the server runs it (see specdec.int8)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -53,6 +56,10 @@ class TrainConfig:
             raise SpecdecError(f"vocab must be repo or full, not {self.vocab!r}")
         if self.rank < 1 or self.alpha < 1 or self.max_steps < 1 or self.batch_size < 1:
             raise SpecdecError("rank, alpha, max-steps and batch size must be >= 1")
+        if self.quant not in DRAFT_QUANT:
+            raise SpecdecError(f"quant must be one of {', '.join(DRAFT_QUANT)}, not {self.quant!r}")
+        if self.quant != "none" and self.vocab == "repo":
+            raise SpecdecError("an int8 draft's output layer cannot be cut to the repo vocabulary: use --vocab full")
         if self.top_layers < 0:
             raise SpecdecError("top-layers must be >= 0 (0: every layer)")
 
@@ -251,6 +258,7 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         model = get_peft_model(draft, LoraConfig(r=config.rank, lora_alpha=config.alpha,
                                                  lora_dropout=config.dropout, layers_to_transform=top and list(top),
                                                  target_modules=list(config.target_modules), task_type="CAUSAL_LM"))
+    swapped = swap_int8(model, config.quant) if config.quant != "none" else []
     vocab = None
     if config.vocab == "repo":
         size = draft.get_output_embeddings().weight.shape[0]
@@ -325,10 +333,13 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         bar.close()
         raise
     finally:
+        for parent, name, original in swapped:  # the caller's draft as it was: the adapter merges into these
+            setattr(parent, name, original)
         if held_in_bf16:
             model.to(base_dtype)  # the caller's draft as it was (bf16 round trip is exact, see _bf16_exact)
     bar.close()
     checkpoint()
     model.eval()
     result.steps, result.tokens, result.seconds = step, tokens, time.monotonic() - started
-    return accelerator.unwrap_model(model), result
+    # without accelerate's autocast wrapper on forward: the caller measures and serves the draft as it is
+    return accelerator.unwrap_model(model, keep_fp32_wrapper=False), result

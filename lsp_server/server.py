@@ -156,7 +156,8 @@ class SpecdecServer(LanguageServer):
             self.work_done_progress.begin(token, types.WorkDoneProgressBegin(
                 title="specdec: fine-tuning the draft", message=folder, percentage=0, cancellable=False))
         cmd = [sys.executable, "-m", "specdec.cli", "finetune", folder, "--progress-json", "--target",
-               self.settings.target, "--draft", self.settings.draft, "--dtype", self.settings.dtype]
+               self.settings.target, "--draft", self.settings.draft, "--dtype", self.settings.dtype,
+               "--draft-quant", self.settings.draft_quant]  # the adapter is fitted over the draft this server runs
         for key in ("max_steps", "max_minutes", "objective", "rank", "lr"):
             if key in options:
                 cmd += [f"--{key.replace('_', '-')}", str(options[key])]

@@ -1,10 +1,26 @@
-"""A dynamically int8-quantized Linear that peft can still wrap and probe."""
+"""A dynamically int8-quantized Linear that peft can still wrap and probe, and LoRA can train through."""
 
 from __future__ import annotations
 
 import warnings
 
 import torch
+
+
+class _Int8Matmul(torch.autograd.Function):
+    """The int8 layer's exact forward; backward passes the gradient to the input through the
+    dequantized weight (straight through the activation rounding), so LoRA layers before it train
+    against the draft the server actually runs."""
+
+    @staticmethod
+    def forward(ctx, x, layer):
+        ctx.layer, ctx.dtype = layer, x.dtype
+        return layer._inner(x.float())
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight = ctx.layer.dequantized()
+        return (grad.to(weight.dtype) @ weight).to(ctx.dtype), None
 
 
 class Int8Linear(torch.nn.Module):
@@ -18,15 +34,28 @@ class Int8Linear(torch.nn.Module):
     The int8 base is never saved or moved (CPU only).
     """
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, grad_dtype: torch.dtype = torch.bfloat16):
         super().__init__()
+        if linear.weight.dtype != torch.float32:  # quantize_dynamic takes fp32 weights (a bf16 draft in training)
+            source, linear = linear, torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+            linear.load_state_dict({k: v.float() for k, v in source.state_dict().items()})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao.quantization deprecation notice
             inner = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
                                                            dtype=torch.qint8)[0]
         object.__setattr__(self, "_inner", inner)  # not a registered submodule, see above
+        object.__setattr__(self, "_dequantized", None)
+        self.grad_dtype = grad_dtype
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("weight", torch.empty(0, dtype=torch.float32), persistent=False)
 
+    def dequantized(self) -> torch.Tensor:
+        """The int8 weight as a float matrix, made on the first backward and kept (training only)."""
+        if self._dequantized is None:
+            object.__setattr__(self, "_dequantized", self._inner.weight().dequantize().to(self.grad_dtype))
+        return self._dequantized
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._inner(x)
+        if torch.is_grad_enabled():
+            return _Int8Matmul.apply(x, self)
+        return self._inner(x if x.dtype == torch.float32 else x.float())  # fbgemm takes fp32 activations

@@ -260,17 +260,26 @@ def quantize_draft(model, mode: str = "int8"):
         raise SpecdecError(f"unknown draft quantization {mode!r}; use one of {', '.join(DRAFT_QUANT)}")
     if mode == "none" or next(model.parameters()).device.type != "cpu":
         return model
+    swap_int8(model.float(), mode)
+    return model
+
+
+def swap_int8(model, mode: str = "int8") -> list[tuple[object, str, object]]:
+    """Replace the Linear layers `mode` quantizes by Int8Linear in place (LoRA layers and
+    KEPT_FP32[mode] excepted); returns (parent, name, original) for each, so training can put
+    the originals back after fitting an adapter over the int8 base."""
     import torch
 
     from specdec.int8 import Int8Linear
 
-    model = model.float()
+    swapped = []
     for path, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             parts = f"{path}.{name}".split(".")  # peft puts the base under <module>.base_layer
             if type(child) is torch.nn.Linear and not any(p.startswith("lora_") or p in KEPT_FP32[mode] for p in parts):
                 setattr(parent, name, Int8Linear(child))
-    return model
+                swapped.append((parent, name, child))
+    return swapped
 
 
 @dataclass
@@ -281,22 +290,25 @@ class ModelPair:
 
 def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "bf16", draft_quant: str = "int8",
               device: str | None = None, adapter: str | None = None) -> ModelPair:
-    """Target as asked; draft checked against the target's tokenizer, its adapter merged, then quantized."""
+    """Target as asked; draft checked against the target's tokenizer, its adapter applied, then quantized."""
     target = load(target_spec, dtype, device)
     if not draft_spec:
         return ModelPair(target, None)
     draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
     if adapter:
-        draft.model = merge_adapter(draft.model, adapter)
+        draft.model = apply_adapter(draft.model, adapter, merge=draft_quant == "none")
     draft.model = quantize_draft(draft.model, draft_quant)
     return ModelPair(target, draft)
 
 
-def merge_adapter(model, adapter_dir: str):
-    """Fold a peft LoRA adapter into the draft's weights (before any quantization)."""
+def apply_adapter(model, adapter_dir: str, merge: bool = True):
+    """A peft LoRA adapter on the draft: folded into the weights, or kept beside them (merge=False)
+    so that quantize_draft leaves it fp32 over the int8 base, the way `specdec finetune` trains it
+    and the server runs it (folding it in first would re-round the weights it was fitted to)."""
     from peft import PeftModel
 
     if not (Path(adapter_dir) / "adapter_config.json").is_file():
         raise SpecdecError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json)")
-    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    model = PeftModel.from_pretrained(model, adapter_dir)
+    return model.merge_and_unload() if merge else model

@@ -118,7 +118,7 @@ def args_for(repo, pair, **overrides):
                 rank=16, alpha=16, target_modules="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
                 lr=1e-2, batch_size=4, seq_len=128, max_steps=40, max_minutes=5.0, max_tokens=0, holdout=0.25,
                 eval_holes=4, eval_tokens=12, eval_temperature=0.0, seed=0, force=False, report=None, quiet=True,
-                progress_json=False, precision="fp32", vocab="full", top_layers=0)
+                progress_json=False, precision="fp32", vocab="full", top_layers=0, draft_quant="none")
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -450,6 +450,82 @@ def test_top_layers_and_bf16_training_leave_the_base_draft_exactly_as_it_was(tmp
         TrainConfig(vocab="tiny")
 
 
+def test_bench_runs_an_adapter_over_the_int8_draft_exactly_as_the_server_does(tmp_path):
+    """The adapter stays beside the int8 base (as it was trained), not folded in and re-rounded."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from specdec.lora import SwitchableDraft
+    from specdec.models import load_pair
+
+    peft_model = get_peft_model(tiny.model(seed=2), LoraConfig(r=4, target_modules=["q_proj", "down_proj"]))
+    torch.manual_seed(0)
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.3)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    target, draft = tiny.save(tmp_path, seed=1, name="target"), tiny.save(tmp_path, seed=2, name="draft")
+    ids = torch.tensor([[10, 11, 12, 13]])
+    server = SwitchableDraft(tiny.model(seed=2))
+    server.activate("a", tmp_path / "adapter")
+    with torch.no_grad():
+        bench = load_pair(str(target), str(draft), "fp32", "int8", adapter=str(tmp_path / "adapter")).draft.model
+        assert torch.equal(bench(ids).logits, server.model(ids).logits)
+        merged = load_pair(str(target), str(draft), "fp32", "none", adapter=str(tmp_path / "adapter")).draft.model
+        assert not any("lora_" in name for name, _ in merged.named_modules())  # unquantized: folded in
+        torch.testing.assert_close(merged(ids).logits, peft_model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_int8_layer_passes_gradients_through_its_dequantized_weight():
+    import torch
+
+    from specdec.int8 import Int8Linear
+
+    torch.manual_seed(0)
+    layer = Int8Linear(torch.nn.Linear(16, 8))
+    x = torch.randn(3, 16, requires_grad=True)
+    out = layer(x)
+    with torch.no_grad():
+        assert torch.equal(out, layer(x))  # the same int8 forward with and without autograd
+    (out * torch.arange(8.0)).sum().backward()
+    expected = torch.arange(8.0).expand(3, 8) @ layer._inner.weight().dequantize()
+    torch.testing.assert_close(x.grad, expected, rtol=2e-2, atol=2e-2)  # straight through, bf16 matmul
+
+
+def test_lora_trained_over_the_int8_draft_fits_the_draft_the_server_runs(tmp_path, tok):
+    import torch
+
+    from finetune.evaluate import as_served
+    from finetune.train import TrainConfig, collate, loss_fn, pad_token_id, train
+    from specdec.int8 import Int8Linear
+
+    samples = training_samples(tmp_path, tok, files=3, count=8)
+    target, draft = tiny.model(seed=1), tiny.model(seed=2)
+    before_weights = {k: v.clone() for k, v in draft.state_dict().items()}
+    ids, mask = collate(samples, pad_token_id(tok))
+
+    def kl_to_target(model) -> float:
+        with torch.no_grad():
+            return float(loss_fn(model(input_ids=ids, attention_mask=mask).logits, ids, mask,
+                                 target(input_ids=ids, attention_mask=mask).logits, "distill"))
+
+    before = kl_to_target(as_served(draft, "int8"))
+    config = TrainConfig(quant="int8", max_steps=15, batch_size=4, learning_rate=1e-2, precision="fp32")
+    model, result = train(draft, target, tok, samples, config, tmp_path / "run", progress=False)
+    assert result.steps == 15
+    assert not any(isinstance(m, Int8Linear) for m in model.modules())  # the caller's fp32 base is back
+    base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+            for k, v in model.state_dict().items() if "lora_" not in k}
+    assert all(torch.equal(base[k], v) for k, v in before_weights.items())
+    served = as_served(model, "int8")
+    assert any(isinstance(m, Int8Linear) for m in served.modules())
+    assert kl_to_target(served) < 0.8 * before  # the int8 draft, as served, moved toward the target
+    with pytest.raises(SpecdecError, match="quant must be"):
+        TrainConfig(quant="int4")
+    with pytest.raises(SpecdecError, match="repo vocabulary"):
+        TrainConfig(quant="int8", vocab="repo")
+
+
 def test_training_refuses_several_processes_before_touching_the_draft(tmp_path, tok, monkeypatch):
     import torch
 
@@ -473,10 +549,12 @@ def test_training_refuses_several_processes_before_touching_the_draft(tmp_path, 
 def test_finetune_bench_trains_with_the_finetune_commands_own_defaults():
     from finetune.bench import _finetune_args
 
-    bench = SimpleNamespace(finetune="/repo", target="T", draft="D", dtype="fp32", max_minutes=6.0)
+    bench = SimpleNamespace(finetune="/repo", target="T", draft="D", dtype="fp32", max_minutes=6.0,
+                            draft_quant="int8-down-fp32")
     args = _finetune_args(bench, objective="lm", max_steps=100_000, force=True)
     assert (args.repo, args.target, args.draft, args.dtype, args.max_minutes) == ("/repo", "T", "D", "fp32", 6.0)
     assert (args.objective, args.max_steps, args.force) == ("lm", 100_000, True)
     assert (args.rank, args.alpha, args.lr, args.batch_size, args.seq_len, args.holdout) == (16, 32, 3e-4, 2, 384, 0.1)
     assert args.target_modules == "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     assert (args.vocab, args.top_layers) == ("full", 0)
+    assert args.draft_quant == "int8-down-fp32"  # the adapter is fitted over the draft the bench will run
