@@ -3,9 +3,9 @@
 Objectives: `lm` (cross-entropy on the code), `distill` (DistillSpec: KL from the target's
 next-token distribution to the draft's on the same text: acceptance is what it raises),
 or `mixed`. With `quant` the LoRA is fitted over the int8 draft the server runs (specdec.int8),
-so it corrects that draft, not an fp32 one nobody serves. Budgets in steps, minutes and tokens. A checkpoint (adapter, optimizer, step,
-RNG) is written atomically every few steps and on Ctrl-C, so a run resumes where it
-stopped and nothing half-written is ever left behind.
+so it corrects that draft, not an fp32 one nobody serves. Budgets in steps, minutes and
+tokens. A checkpoint (adapter, optimizer, step, RNG) is written atomically every few steps
+and on Ctrl-C, so a run resumes where it stopped and nothing half-written is ever left behind.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.lora import TARGET_MODULES as DEFAULT_MODULES
-from specdec.models import DRAFT_QUANT, swap_int8  # every module the server can switch per workspace
+from specdec.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
+from specdec.models import DRAFT_QUANT, swap_int8
 
 OBJECTIVES = ("distill", "lm", "mixed", "argmax", "tvd")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -37,8 +38,7 @@ class Int8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, grad_dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         if linear.weight.dtype != torch.float32:  # quantize_dynamic takes fp32 weights (a bf16 draft in training)
-            source, linear = linear, torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
-            linear.load_state_dict({k: v.float() for k, v in source.state_dict().items()})
+            linear = copy.deepcopy(linear).float()  # a copy: the caller's layer stays as it was
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao.quantization deprecation notice
             inner = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
