@@ -2,7 +2,7 @@
 
 Fine-tunes the draft on the repository (held-out files excluded, time-budgeted), then
 runs the engine benchmark on the held-out files twice, with the base draft and with the
-adapter beside it (fp32 LoRA over the quantized base, as the server runs it), and prints
+adapter folded in before quantization (as the server runs it), and prints
 acceptance, tokens per pass and speedup before/after.
 """
 

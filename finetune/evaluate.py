@@ -19,11 +19,14 @@ from specdec.sampling import SamplingConfig
 
 
 def as_served(draft, quant: str):
-    """A copy of the draft (with its LoRA adapter, if any, kept beside the weights) quantized as
-    the server runs it: the adapter is trained over that base, and acceptance is measured there."""
+    """A copy of the draft as the server runs it: its LoRA adapter, if any, folded into the
+    full-precision weights, then quantized as `quant` says (specdec.lora)."""
     from specdec.models import quantize_draft
 
-    return quantize_draft(copy.deepcopy(draft), quant)
+    model = copy.deepcopy(draft)
+    if hasattr(model, "merge_and_unload"):  # a peft model
+        model = model.merge_and_unload()
+    return quantize_draft(model, quant)
 
 
 def holes_for(files, holes_per_file: int = 3, seed: int = 0):

@@ -249,18 +249,21 @@ KEPT_FP32 = {"int8": (), "int8-down-fp32": ("down_proj",)}
 DRAFT_QUANT = (*KEPT_FP32, "none")
 
 
-def quantize_draft(model, mode: str = "int8"):
+def quantize_draft(model, mode: str = "int8", originals: list | None = None):
     """int8 dynamic quantization of the draft's Linear layers (CPU), LoRA layers excepted.
 
     Only the draft: it may be anything, since the acceptance rule makes the output the
     target's; what it buys is a faster draft step, what it costs is agreement (see KEPT_FP32).
     LoRA A/B matrices stay fp32, so a peft-wrapped draft keeps loading and switching adapters.
+    `originals`, if given, receives swap_int8's (parent, name, fp32 layer) for each swapped layer.
     """
     if mode not in DRAFT_QUANT:
         raise SpecdecError(f"unknown draft quantization {mode!r}; use one of {', '.join(DRAFT_QUANT)}")
     if mode == "none" or next(model.parameters()).device.type != "cpu":
         return model
-    swap_int8(model.float(), mode)
+    swapped = swap_int8(model.float(), mode)
+    if originals is not None:
+        originals.extend(swapped)
     return model
 
 
@@ -297,18 +300,16 @@ def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "bf16", dra
     draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
     if adapter:
-        draft.model = apply_adapter(draft.model, adapter, merge=draft_quant == "none")
+        draft.model = apply_adapter(draft.model, adapter)
     draft.model = quantize_draft(draft.model, draft_quant)
     return ModelPair(target, draft)
 
 
-def apply_adapter(model, adapter_dir: str, merge: bool = True):
-    """A peft LoRA adapter on the draft: folded into the weights, or kept beside them (merge=False)
-    so that quantize_draft leaves it fp32 over the int8 base, the way `specdec finetune` trains it
-    and the server runs it (folding it in first would re-round the weights it was fitted to)."""
+def apply_adapter(model, adapter_dir: str):
+    """A peft LoRA adapter folded into the draft's full-precision weights, before any quantization,
+    as the server serves it (specdec.lora): see FOLDING there for why folded beats beside."""
     from peft import PeftModel
 
     if not (Path(adapter_dir) / "adapter_config.json").is_file():
         raise SpecdecError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json)")
-    model = PeftModel.from_pretrained(model, adapter_dir)
-    return model.merge_and_unload() if merge else model
+    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()

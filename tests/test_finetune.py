@@ -221,21 +221,28 @@ def test_adapters_cli(tmp_path, capsys):
     assert "no adapter nope" in capsys.readouterr().err
 
 
-def test_switchable_draft_swaps_adapters_on_an_int8_base(tmp_path):
+def random_adapter(path, seed: int, **lora):
+    """A saved LoRA adapter for tiny.model(seed=2) whose B is not zero, so it changes the logits."""
     import torch
     from peft import LoraConfig, get_peft_model
 
+    peft_model = get_peft_model(tiny.model(seed=2), LoraConfig(r=4, target_modules=["q_proj", "down_proj"], **lora))
+    torch.manual_seed(seed)
+    for pname, param in peft_model.named_parameters():
+        if "lora_B" in pname:
+            torch.nn.init.normal_(param, std=0.3)
+    peft_model.save_pretrained(path)
+    return path
+
+
+def test_switchable_draft_swaps_adapters_on_an_int8_base(tmp_path, monkeypatch):
+    import torch
+
+    import specdec.lora
+
     from specdec.lora import SwitchableDraft
 
-    paths = {}
-    for name, seed in (("a", 1), ("b", 2)):
-        peft_model = get_peft_model(tiny.model(seed=2), LoraConfig(r=4, target_modules=["q_proj", "down_proj"]))
-        torch.manual_seed(seed)
-        for pname, param in peft_model.named_parameters():
-            if "lora_B" in pname:
-                torch.nn.init.normal_(param, std=0.3)
-        paths[name] = tmp_path / name
-        peft_model.save_pretrained(paths[name])
+    paths = {name: random_adapter(tmp_path / name, seed) for name, seed in (("a", 1), ("b", 2))}
     draft = SwitchableDraft(tiny.model(seed=2))
     ids = torch.tensor([[10, 11, 12, 13]])
     base = draft.model(ids).logits
@@ -246,11 +253,54 @@ def test_switchable_draft_swaps_adapters_on_an_int8_base(tmp_path):
     draft.activate(None)
     assert torch.equal(draft.model(ids).logits, base)
     assert not torch.allclose(out_a, base) and not torch.allclose(out_a, out_b)
+    rebuilt = [layer for layer, base in draft.folded["a"].items() if base is not draft.int8_bases[layer][0]]
+    assert len(rebuilt) == 4  # q_proj and down_proj of two layers; the other modules share the base's int8
+    monkeypatch.setattr(specdec.lora, "FOLDED_KEPT", 1)
+    draft.activate("b")  # "a" dropped
+    draft.activate("a")  # and rebuilt the same
+    assert list(draft.folded) == ["a"] and torch.equal(draft.model(ids).logits, out_a)
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "adapter_config.json").write_text(json.dumps({"target_modules": ["embed_tokens"]}))
     with pytest.raises(SpecdecError, match="cannot switch"):
         draft.activate("bad", bad)
+
+
+@pytest.mark.parametrize("quant", ["none", "int8"])
+def test_lean_lora_forward_computes_what_pefts_does(tmp_path, quant):
+    import copy
+
+    import torch
+
+    from peft import PeftModel
+
+    from specdec.lean_lora import use_lean_lora
+    from specdec.models import quantize_draft
+
+    model = PeftModel.from_pretrained(tiny.model(seed=2), random_adapter(tmp_path / "a", 1, lora_dropout=0.5))
+    use_lean_lora(model)
+    model = quantize_draft(model, quant).eval()
+    ids = torch.tensor([[10, 11, 12, 13, 14]])
+    lean = model(ids).logits
+    layers = [m for m in model.modules() if "forward" in m.__dict__]
+    assert len(layers) == 4  # q_proj and down_proj in each of the two layers
+    for layer in layers:
+        del layer.forward
+    peft_out = model(ids).logits
+    assert torch.allclose(lean, peft_out, atol=1e-5) and not torch.allclose(lean, tiny.model(seed=2)(ids).logits)
+    assert use_lean_lora(model) == 4
+    model.train()  # dropout: peft's own forward, draw for draw
+    torch.manual_seed(0)
+    trained = model(ids).logits
+    torch.manual_seed(0)
+    for layer in layers:
+        del layer.forward
+    assert torch.equal(trained, model(ids).logits)
+    use_lean_lora(model)
+    clone = copy.deepcopy(model.eval())
+    clone_layers = [m for m in clone.modules() if "forward" in m.__dict__]
+    assert [m.forward.__self__ for m in clone_layers] == clone_layers  # not the original's layers
+    assert torch.allclose(clone(ids).logits, lean, atol=1e-5)
 
 
 def by_adapter(rows: list[dict]) -> dict:
@@ -451,19 +501,15 @@ def test_top_layers_and_bf16_training_leave_the_base_draft_exactly_as_it_was(tmp
 
 
 def test_bench_runs_an_adapter_over_the_int8_draft_exactly_as_the_server_does(tmp_path):
-    """The adapter stays beside the int8 base (as it was trained), not folded in and re-rounded."""
+    """Both fold the adapter into the fp32 weights, then quantize: int8(W + BA), bit for bit."""
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import PeftModel
 
     from specdec.lora import SwitchableDraft
     from specdec.models import load_pair
 
-    peft_model = get_peft_model(tiny.model(seed=2), LoraConfig(r=4, target_modules=["q_proj", "down_proj"]))
-    torch.manual_seed(0)
-    for name, param in peft_model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(param, std=0.3)
-    peft_model.save_pretrained(tmp_path / "adapter")
+    random_adapter(tmp_path / "adapter", 0)
+    peft_model = PeftModel.from_pretrained(tiny.model(seed=2), tmp_path / "adapter")
     target, draft = tiny.save(tmp_path, seed=1, name="target"), tiny.save(tmp_path, seed=2, name="draft")
     ids = torch.tensor([[10, 11, 12, 13]])
     server = SwitchableDraft(tiny.model(seed=2))
@@ -471,6 +517,8 @@ def test_bench_runs_an_adapter_over_the_int8_draft_exactly_as_the_server_does(tm
     with torch.no_grad():
         bench = load_pair(str(target), str(draft), "fp32", "int8", adapter=str(tmp_path / "adapter")).draft.model
         assert torch.equal(bench(ids).logits, server.model(ids).logits)
+        plain = load_pair(str(target), str(draft), "fp32", "int8").draft.model
+        assert not torch.allclose(bench(ids).logits, plain(ids).logits)
         merged = load_pair(str(target), str(draft), "fp32", "none", adapter=str(tmp_path / "adapter")).draft.model
         assert not any("lora_" in name for name, _ in merged.named_modules())  # unquantized: folded in
         torch.testing.assert_close(merged(ids).logits, peft_model(ids).logits, rtol=1e-4, atol=1e-4)
