@@ -35,7 +35,7 @@ def use_lean_lora(model, folded=frozenset()) -> int:
 
 def _factors(layer) -> list | None:
     """(A^T, scaling * B^T) per active adapter, or None where only peft's forward will do."""
-    if layer.merged or not hasattr(layer, "base_layer"):
+    if layer.merged:
         return None
     factors = []
     for name in [] if layer.disable_adapters else layer.active_adapters:

@@ -71,7 +71,7 @@ class SwitchableDraft:
             bases = self._folded(name)
         for layer, base in bases.items():
             layer.base_layer = base
-        use_lean_lora(self.model, folded=set(bases) if name else set())  # the new adapter's factors, where not folded
+        use_lean_lora(self.model, folded=set(bases))  # LoRA factors only where the base has no adapter folded in
         self.active = name
         return True
 
