@@ -16,7 +16,7 @@ class _Int8Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layer):
         ctx.layer, ctx.dtype = layer, x.dtype
-        return layer._inner(x.float())
+        return layer.int8_matmul(x.float())
 
     @staticmethod
     def backward(ctx, grad):
@@ -25,7 +25,8 @@ class _Int8Matmul(torch.autograd.Function):
 
 
 class Int8Linear(torch.nn.Module):
-    """int8 weights, fp32 activations (torch's dynamic quantization, fbgemm on x86).
+    """int8 weights scaled per output channel, activations quantized dynamically to int8 per
+    group of rows of like magnitude (torch's dynamic quantization, fbgemm on x86).
 
     torch's quantized Linear exposes `weight` as a method; peft probes `base_layer.weight`
     for device and dtype when it adds an adapter, so this wrapper answers with an empty
@@ -41,8 +42,9 @@ class Int8Linear(torch.nn.Module):
             linear = copy.deepcopy(linear).float()  # a copy: the caller's layer stays as it was
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao.quantization deprecation notice
-            inner = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
-                                                           dtype=torch.qint8)[0]
+            inner = torch.ao.quantization.quantize_dynamic(
+                torch.nn.Sequential(linear), {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig},
+                dtype=torch.qint8)[0]
         object.__setattr__(self, "_inner", inner)  # not a registered submodule, see above
         object.__setattr__(self, "_dequantized", None)
         self.grad_dtype = grad_dtype
@@ -55,7 +57,25 @@ class Int8Linear(torch.nn.Module):
             object.__setattr__(self, "_dequantized", self._inner.weight().dequantize().to(self.grad_dtype))
         return self._dequantized
 
+    def int8_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """fbgemm quantizes a call's activations with one scale. A prompt's first token carries
+        activations ~30x any other's (Qwen's attention sink), which would round every other
+        row of a prefill away; so rows are grouped by power-of-two magnitude and each group
+        is quantized on its own. A one-token decode step is one group, one call."""
+        rows = x.reshape(-1, x.shape[-1])
+        if len(rows) <= 1:
+            return self._inner(x)
+        magnitude = rows.abs().amax(-1).clamp(min=1e-30).log2().floor()
+        groups = magnitude.unique()
+        if len(groups) == 1:
+            return self._inner(x)
+        out = rows.new_empty(len(rows), self.out_features)
+        for group in groups:
+            members = (magnitude == group).nonzero().flatten()
+            out.index_copy_(0, members, self._inner(rows.index_select(0, members)))
+        return out.reshape(*x.shape[:-1], self.out_features)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             return _Int8Matmul.apply(x, self)
-        return self._inner(x if x.dtype == torch.float32 else x.float())  # fbgemm takes fp32 activations
+        return self.int8_matmul(x if x.dtype == torch.float32 else x.float())  # fbgemm takes fp32 activations

@@ -179,6 +179,34 @@ def test_adaptive_length_tracks_acceptance():
     assert length.next_k(8) == 1
 
 
+def test_int8_prefill_keeps_ordinary_rows_beside_a_massive_one():
+    """One scale per call would let a prompt's attention-sink token round the other rows away;
+    rows of unlike magnitude are quantized apart, and a decode step's single row is exact as before."""
+    import warnings
+
+    from specdec.int8 import Int8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(128, 64)
+    with torch.no_grad():
+        linear.weight[0] *= 100  # one output channel far larger: per-channel weight scales keep the rest
+    hidden = torch.randn(1, 8, 128)
+    hidden[0, 0] *= 300
+    layer = Int8Linear(linear)
+    reference = linear(hidden)
+
+    def error(out):
+        return ((out - reference)[0, 1:, 1:].norm() / reference[0, 1:, 1:].norm()).item()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one_scale = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
+                                                           dtype=torch.qint8)[0]
+    assert error(one_scale(hidden)) > 0.3
+    assert error(layer(hidden)) < 0.03
+    assert layer(hidden[:, :0]).shape == (1, 0, 64)
+
+
 def test_int8_down_fp32_draft_survives_activation_outliers():
     """Per-tensor dynamic int8 of an outlier-heavy down_proj input rounds the other channels away."""
     import tiny
