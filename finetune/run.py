@@ -140,7 +140,7 @@ def register(sub) -> None:
     p.add_argument("repo", help="repository root")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="target dtype")
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help="target dtype (auto: bf16 where native, else fp32)")
     p.add_argument("--objective", choices=OBJECTIVES, default="distill")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--alpha", type=int, default=32)

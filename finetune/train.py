@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.hardware import native_bf16
 from specdec.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
 from specdec.models import DRAFT_QUANT, swap_int8
 
@@ -180,12 +181,8 @@ def _mixed_precision(choice: str) -> str:
         return "no"
     if choice == "bf16":
         return "bf16"
-    if torch.cuda.is_available():
-        return "bf16"
-    try:  # CPUs with AVX512-BF16/AMX run bf16 matmuls natively: about twice the fp32 speed
-        return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no"
-    except (AttributeError, RuntimeError):
-        return "no"
+    # GPUs and CPUs with AVX512-BF16/AMX run bf16 matmuls natively: about twice the fp32 speed
+    return "bf16" if native_bf16("cuda" if torch.cuda.is_available() else "cpu") else "no"
 
 
 def _bf16_exact(model) -> bool:

@@ -23,7 +23,8 @@ BENCH_GROUP = "specdec.bench"  # entry points: fn(args) -> exit code, selected b
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="target model: hub id, local dir or .gguf")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: hub id, local dir or .gguf")
-    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="target dtype (default bf16)")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="target dtype (default auto: bf16 where the hardware computes it natively, else fp32)")
     p.add_argument("--draft-quant", choices=DRAFT_QUANT, default="int8",
                    help="quantize the draft (CPU; lossless either way: only the target decides; int8-down-fp32 "
                         "keeps the MLP output projections fp32: higher acceptance, slower draft step)")

@@ -7,6 +7,8 @@ import warnings
 
 import torch
 
+from specdec.hardware import compute_dtype
+
 
 class _Int8Matmul(torch.autograd.Function):
     """The int8 layer's exact forward; backward passes the gradient to the input through the
@@ -36,7 +38,7 @@ class Int8Linear(torch.nn.Module):
     The int8 base is never saved or moved (CPU only).
     """
 
-    def __init__(self, linear: torch.nn.Linear, grad_dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, linear: torch.nn.Linear, grad_dtype: torch.dtype | None = None):
         super().__init__()
         if linear.weight.dtype != torch.float32:  # quantize_dynamic takes fp32 weights (a bf16 draft in training)
             linear = copy.deepcopy(linear).float()  # a copy: the caller's layer stays as it was
@@ -47,7 +49,7 @@ class Int8Linear(torch.nn.Module):
                 dtype=torch.qint8)[0]
         object.__setattr__(self, "_inner", inner)  # not a registered submodule, see above
         object.__setattr__(self, "_dequantized", None)
-        self.grad_dtype = grad_dtype
+        self.grad_dtype = grad_dtype or compute_dtype()  # backward's matmul: emulated bf16 would crawl
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("weight", torch.empty(0, dtype=torch.float32), persistent=False)
 

@@ -23,13 +23,17 @@ from specdec.paths import models_dir
 if TYPE_CHECKING:
     from specdec.pull import Progress
 
-DTYPES = ("bf16", "fp32")
+DTYPES = ("auto", "bf16", "fp32")  # auto: bf16 where the device computes it natively, else fp32
 PROVENANCE = "specdec.json"
 
 
-def torch_dtype(name: str):
+def torch_dtype(name: str, device: str = "cpu"):
     import torch
 
+    from specdec.hardware import compute_dtype
+
+    if name == "auto":
+        return compute_dtype(device)
     try:
         return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
     except KeyError:
@@ -195,7 +199,7 @@ class LoadedModel:
         return digest.hexdigest()[:16]
 
 
-def load(spec: str, dtype: str = "bf16", device: str | None = None) -> LoadedModel:
+def load(spec: str, dtype: str = "auto", device: str | None = None) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -203,7 +207,7 @@ def load(spec: str, dtype: str = "bf16", device: str | None = None) -> LoadedMod
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype)).to(device)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype, device)).to(device)
     except (OSError, ValueError) as exc:
         raise SpecdecError(f"cannot load model {spec}: {str(exc).splitlines()[0]}") from None
     model.eval()
@@ -290,7 +294,7 @@ class ModelPair:
     draft: LoadedModel | None
 
 
-def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "bf16", draft_quant: str = "int8",
+def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", draft_quant: str = "int8",
               device: str | None = None, adapter: str | None = None) -> ModelPair:
     """Target as asked; draft checked against the target's tokenizer, its adapter applied, then quantized."""
     target = load(target_spec, dtype, device)

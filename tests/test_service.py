@@ -157,7 +157,8 @@ def test_settings_camel_case_section_and_validation():
     s = Settings().update({"specdec": {"maxNewTokens": 32, "debounceMs": 50, "languages": "python, go"}})
     assert (s.max_new_tokens, s.debounce_ms, s.languages) == (32, 50, ("python", "go"))
     assert s.update({"draftQuant": "int8-down-fp32"}).draft_quant == "int8-down-fp32"
-    for bad in ({"strategy": "magic"}, {"draftQuant": "int4"}, {"maxNewTokens": "many"}, {"maxNewTokens": 0}, {"enabled": "yes"}, [1, 2]):
+    assert Settings().dtype == "auto" and s.update({"dtype": "bf16"}).dtype == "bf16"
+    for bad in ({"strategy": "magic"}, {"draftQuant": "int4"}, {"dtype": "fp16"}, {"maxNewTokens": "many"}, {"maxNewTokens": 0}, {"enabled": "yes"}, [1, 2]):
         with pytest.raises(SettingsError):
             s.update(bad)
     assert s.update({"unknownKey": 1}) == s

@@ -75,7 +75,7 @@ def run_bench(args) -> int:
     session.generate(tokenizer.encode("def warm_up():\n    return"), GenerationConfig(4))  # threads, allocator
     session.reset()
     rows = []
-    print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({args.dtype}), "
+    print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({str(target.dtype).removeprefix('torch.')}), "
           f"draft {args.draft if needs_draft else '-'} ({args.draft_quant})", flush=True)
     for hole in holes:
         prompt = completer.prompt(hole.prefix, hole.suffix).ids

@@ -31,7 +31,7 @@ function readConfig(): SpecdecConfig {
     target: c.get<string>("target", "Qwen/Qwen2.5-Coder-1.5B"),
     draft: c.get<string>("draft", "Qwen/Qwen2.5-Coder-0.5B"),
     strategy: c.get<string>("strategy", "auto"),
-    dtype: c.get<string>("dtype", "bf16"),
+    dtype: c.get<string>("dtype", "auto"),
     maxNewTokens: c.get<number>("maxNewTokens", 64),
     debounceMs: c.get<number>("debounceMs", 100),
     languages: c.get<string[]>("languages", []),
