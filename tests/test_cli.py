@@ -92,3 +92,21 @@ def test_models_list_empty_and_json(capsys):
     assert code == 0 and "no models cached" in out
     code, out, _ = run(capsys, "models", "list", "--json")
     assert json.loads(out) == []
+
+
+def test_bench_on_local_files_records_what_auto_dtype_resolved_to(capsys, models, tmp_path, monkeypatch):
+    """`specdec bench --files` on tiny models: every hole runs every strategy, and the JSON says
+    which dtype `--dtype auto` chose on this machine, since the numbers depend on it."""
+    from specdec import hardware
+
+    monkeypatch.setattr(hardware, "native_bf16", lambda device="cpu": False)
+    code = tmp_path / "lib.py"
+    code.write_text("".join(f"def scaled_{i}(value):\n    return value * {i} + offset\n\n" for i in range(30)))
+    out = tmp_path / "bench.json"
+    status, printed, err = run(capsys, "bench", "--target", models[0], "--draft", models[1], "--strategies",
+                             "plain,draft", "--files", code, "--holes", 1, "--max-new-tokens", 6, "--output", out)
+    assert status == 0 and "(float32)" in printed, err
+    result = json.loads(out.read_text())
+    assert result["config"]["dtype"] == "auto" and result["target_dtype"] == "float32"
+    assert sorted(r["strategy"] for r in result["rows"]) == ["draft", "plain"]
+    assert all(r["new_tokens"] >= 1 and r["equals_plain"] for r in result["rows"])

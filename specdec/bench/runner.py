@@ -75,7 +75,8 @@ def run_bench(args) -> int:
     session.generate(tokenizer.encode("def warm_up():\n    return"), GenerationConfig(4))  # threads, allocator
     session.reset()
     rows = []
-    print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({str(target.dtype).removeprefix('torch.')}), "
+    target_dtype = str(target.dtype).removeprefix("torch.")  # what `--dtype auto` resolved to
+    print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({target_dtype}), "
           f"draft {args.draft if needs_draft else '-'} ({args.draft_quant})", flush=True)
     for hole in holes:
         prompt = completer.prompt(hole.prefix, hole.suffix).ids
@@ -117,6 +118,7 @@ def run_bench(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "config": {k: v for k, v in vars(args).items() if k != "func"},
+        "target_dtype": target_dtype,
         "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,
                      "license": s.license, "project": s.project} for s in sources],
         "peak_rss_mb": round(peak_rss_mb()),
