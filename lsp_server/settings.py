@@ -67,7 +67,7 @@ class Settings:
         if self.strategy not in STRATEGIES:
             raise SettingsError(f"strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
         if self.dtype not in DTYPES:
-            raise SettingsError(f"dtype must be auto, bf16 or fp32, not {self.dtype!r}")
+            raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
         if self.draft_quant not in DRAFT_QUANT:
             raise SettingsError(f"draftQuant must be one of {', '.join(DRAFT_QUANT)}, not {self.draft_quant!r}")
         for name in ("max_new_tokens", "max_draft", "max_prefix_tokens"):
