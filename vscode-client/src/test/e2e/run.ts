@@ -22,6 +22,8 @@ types at line:column, waits for the ghost text, accepts it with Tab, saves, open
 (no ghost text may appear), then on again; with --finetune runs "Fine-tune draft on this repository" and waits
 for the result message. Prints one JSON line.
 `;
+/** The status bar item once the server's models are loaded: "specdec ready", or live figures. */
+const READY = /specdec ready|accepted/;
 const CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"];
 // Quiet, deterministic editor: no trust prompt, welcome page, update checks or built-in AI features competing with us.
@@ -170,11 +172,16 @@ async function killServer(page: Page, pattern: string): Promise<{ warning: strin
   if (!killed.length || spawnSync("pkill", ["-f", pattern]).status !== 0) {
     throw new Error(`no process matches ${pattern}`);
   }
-  const warning = await waitFor("a visible restart message", async () => notification(page, "restarting"), 30_000);
+  // the status bar must drop the old server's live figures (they would pass for the new server's readiness)
+  let leftReady = false;
+  const warning = await waitFor("a visible restart message and the status bar to leave 'ready'", async () => {
+    leftReady ||= !READY.test(await statusBar(page));
+    return leftReady && notification(page, "restarting");
+  }, 30_000);
   await waitFor("a new server process", async () => pids().some((pid) => !killed.includes(pid)), 30_000);
   const status = await waitFor("the restarted server to be ready", async () => {
     const text = await statusBar(page);
-    return /specdec ready|accepted/.test(text) ? text : undefined;
+    return READY.test(text) ? text : undefined;
   }, 120_000, 500);
   return { warning, status };
 }
@@ -241,7 +248,7 @@ async function main(): Promise<void> {
     await waitFor("code-server to listen", async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok, 60_000);
     await page.goto(`http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}`);
     await page.waitForSelector(".monaco-workbench", { timeout: 60_000 });
-    await waitFor("the specdec server to load its models", async () => /specdec ready|accepted/.test(await statusBar(page)),
+    await waitFor("the specdec server to load its models", async () => READY.test(await statusBar(page)),
       timeoutMs, 500);
 
     await quickPick(page, "Control+P", values.file!, path.basename(values.file!), 30_000);  // Quick Open
