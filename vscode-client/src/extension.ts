@@ -22,6 +22,7 @@ let lastStats: ServerStats | undefined;
 let statsPanel: vscode.WebviewPanel | undefined;
 let restarts: number[] = [];
 let lastLanguage: string | undefined;
+let typedWhileNotReady = false;  // the active document was edited while the server could not complete
 
 function readConfig(): SpecdecConfig {
   const c = vscode.workspace.getConfiguration("specdec");
@@ -81,9 +82,12 @@ async function pollStats(): Promise<void> {
     lastStats = undefined;  // stopped or restarting: never show the old server's numbers as live
   }
   const enabled = readConfig().enabled;
-  if (becameReady(previous, lastStats, enabled) && vscode.window.activeTextEditor) {
+  if (becameReady(previous, lastStats, enabled) && typedWhileNotReady && vscode.window.activeTextEditor) {
     // what was typed while the models loaded got an empty answer: ask again at the cursor
     void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+  }
+  if (lastStats?.model.state === "ready") {
+    typedWhileNotReady = false;
   }
   // the last text editor's language: focusing the stats view or a panel keeps what the status bar shows
   lastLanguage = vscode.window.activeTextEditor?.document.languageId ?? lastLanguage;
@@ -165,6 +169,12 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       await client?.restart();
     }),
     vscode.window.onDidChangeActiveTextEditor(() => void pollStats()),
+    vscode.workspace.onDidChangeTextDocument((e) => {
+      if (e.contentChanges.length && e.document === vscode.window.activeTextEditor?.document &&
+          lastStats?.model.state !== "ready") {
+        typedWhileNotReady = true;
+      }
+    }),
   );
   const timer = setInterval(() => void pollStats(), POLL_MS);
   context.subscriptions.push({ dispose: () => clearInterval(timer) });
