@@ -27,6 +27,8 @@ ACCEPT_COMMAND = "specdec.accept"
 FINETUNE_COMMAND = "specdec.finetune"
 STATS_REQUEST = "specdec/stats"
 BINARY_SNIFF = 8192
+PREFIX_WINDOW = 256_000  # characters before the cursor a request carries: far more than any prompt budget uses,
+SUFFIX_WINDOW = 64_000  # and a 10 MB document costs a slice, not a copy the size of the file per keystroke
 
 
 def uri_path(uri: str) -> str:
@@ -62,6 +64,27 @@ def cursor_offset(source: str, position: types.Position, encoding: str) -> int:
         used += width
         offset += 1
     return offset
+
+
+def window(source: str, offset: int) -> tuple[str, str]:
+    """Prefix and suffix around the cursor, bounded: a huge document is completed from the text near it.
+
+    The prefix window starts at a line break on a fixed grid of the document, so its start
+    (and the prompt's, and the KV cache built on it) does not move while the user types.
+    """
+    start = 0
+    if offset > PREFIX_WINDOW:
+        grid = (offset - PREFIX_WINDOW) // 4096 * 4096 + 4096
+        newline = source.find("\n", grid, offset)
+        start = newline + 1 if newline >= 0 else offset - PREFIX_WINDOW
+    return source[start:offset], source[offset : offset + SUFFIX_WINDOW]
+
+
+def inline_item(position: types.Position, suggestion) -> types.InlineCompletionItem:
+    """The suggestion inserted at the cursor (it already holds any line break it needs: syntax.finalize)."""
+    return types.InlineCompletionItem(
+        insert_text=suggestion.text, range=types.Range(position, position),
+        command=types.Command(title="specdec: suggestion accepted", command=ACCEPT_COMMAND, arguments=[suggestion.id]))
 
 
 class SpecdecServer(LanguageServer):
@@ -209,7 +232,8 @@ class SpecdecServer(LanguageServer):
         path = uri_path(uri)
         language = syntax.detect_language(document.language_id, uri)
         workspace = self.workspace_for(path)
-        request = CompletionRequest(uri, language, workspace, source[:offset], source[offset:], invoked,
+        prefix, suffix = window(source, offset)
+        request = CompletionRequest(uri, language, workspace, prefix, suffix, invoked,
                                     path=str(Path(path).relative_to(workspace)) if workspace else Path(path).name)
         request.context = self.snippets(uri, language)
         return request
@@ -264,10 +288,11 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
         suggestion = await ls.service.complete(request) if request else None
         if suggestion is None:
             return types.InlineCompletionList(items=[])
-        here = types.Range(params.position, params.position)
-        return types.InlineCompletionList(items=[types.InlineCompletionItem(
-            insert_text=suggestion.text, range=here,
-            command=types.Command(title="specdec: suggestion accepted", command=ACCEPT_COMMAND, arguments=[suggestion.id]))])
+        return types.InlineCompletionList(items=[inline_item(params.position, suggestion)])
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: SpecdecServer, params: types.DidCloseTextDocumentParams):
+        ls.service.forget(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION,
                     types.CompletionOptions(trigger_characters=[".", "(", " "], resolve_provider=False))

@@ -18,7 +18,7 @@ import uuid
 from collections import OrderedDict
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lsp_server import syntax
 from lsp_server.metrics import MetricsStore, RequestRecord
@@ -28,6 +28,7 @@ log = logging.getLogger("specdec.server")
 
 MAX_WAITING = 2  # requests allowed to wait behind the running one; older ones are dropped
 CACHE_SIZE = 512
+MAX_DOCUMENTS = 64  # documents whose last suggestion is kept for type-ahead
 
 
 @dataclass
@@ -178,7 +179,9 @@ class ModelHost:
 
         config = GenerationConfig(settings.max_new_tokens, SamplingConfig(settings.temperature, 0, settings.top_p),
                                   settings.max_draft)
-        stop = syntax.stop_predicate(ctx) if settings.multiline or not ctx.multiline else None
+        if not settings.multiline:
+            ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
+        stop = syntax.stop_predicate(ctx)
         self._use_adapter(request.workspace)
         try:
             result = self.completer.complete(request.prefix, request.suffix, config, request.path or None, stop,
@@ -195,7 +198,8 @@ class CompletionService:
         self.metrics = metrics
         self.settings = settings
         self.cache: OrderedDict[tuple, str] = OrderedDict()
-        self.last: dict[str, tuple[str, str, str]] = {}  # uri -> (prefix, suffix, suggestion) for type-ahead
+        # uri -> (prefix, suffix, suggestion) for type-ahead; bounded, and dropped when the document closes
+        self.last: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         self.latest: dict[str, int] = {}  # uri -> newest request number
         self.running: dict[str, object] = {}  # uri -> CancelToken of its generation
         self.shown: OrderedDict[str, Suggestion] = OrderedDict()  # id -> suggestion, for acceptance
@@ -209,6 +213,14 @@ class CompletionService:
         s = self.settings
         return (request.language, request.prefix[-4000:], request.suffix[:2000], request.context[-2000:],
                 s.target, s.draft, s.strategy, s.max_new_tokens, s.temperature, s.multiline, request.adapter)
+
+    def forget(self, uri: str) -> None:
+        """didClose: a closed document's text must not stay in memory (the cache holds only bounded windows)."""
+        self.last.pop(uri, None)
+        self.latest.pop(uri, None)
+        token = self.running.get(uri)
+        if token is not None:
+            token.cancel()
 
     def _typeahead(self, request: CompletionRequest) -> str | None:
         last = self.last.get(request.uri)
@@ -307,6 +319,9 @@ class CompletionService:
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
         self.last[request.uri] = (request.prefix, request.suffix, text)
+        self.last.move_to_end(request.uri)
+        while len(self.last) > MAX_DOCUMENTS:
+            self.last.popitem(last=False)
         return self._finish(request, text, "model", result)
 
     async def _generate(self, request, ctx, settings, number):

@@ -128,10 +128,25 @@ def finalize(ctx: CursorContext, text: str, stop_reason: str) -> str:
         text = text.rstrip()
         while ctx.language in INDENT_BLOCKS and "\n" in text and text.rstrip().endswith(":"):
             text = text[: text.rfind("\n")].rstrip()  # a block opener without its body
+    elif opens_line_above(ctx):
+        if not text.strip() or text.strip() == ctx.line_after.strip():
+            return ""  # nothing, or the existing line typed again
+        if stop_reason == "eos":
+            return text  # the model ended without a line break: it writes in front of the code, as FIM says
+        text = text.rstrip() + "\n" + ctx.line_before  # a whole line; the code after it keeps its indentation
     else:
         text = text.rstrip("\n")
         text = _drop_suffix_overlap(ctx, text)
     return text
+
+
+def opens_line_above(ctx: CursorContext) -> bool:
+    """The cursor is at the start (or in the indentation) of a line of code: what comes is a new line above it.
+
+    The model ends that line with a newline, which the single-line stop cuts off; the
+    item must put it back, or accepting glues the completion to the existing code.
+    """
+    return not ctx.multiline and not ctx.line_before.strip() and bool(ctx.line_after.strip())
 
 
 def _drop_suffix_overlap(ctx: CursorContext, text: str) -> str:

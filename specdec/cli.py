@@ -16,6 +16,8 @@ from specdec.errors import SpecdecError
 from specdec.models import DRAFT_QUANT, DTYPES
 from specdec.strategies import STRATEGIES as STRATEGY_CHOICES
 
+MAX_NEW_TOKENS = 4096  # a completion budget; far above what an editor asks for
+MAX_DRAFT = 64  # drafted tokens per target pass
 PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcommands
 BENCH_GROUP = "specdec.bench"  # entry points: fn(args) -> exit code, selected by a bench flag
 
@@ -66,12 +68,29 @@ def load_completer(args, strategy: str):
     return Completer.for_session(session)
 
 
+def check_generation_args(args) -> None:
+    """Refuse a bad budget or sampling value in one line, before minutes of model loading are spent."""
+    import math
+
+    checks = [("--max-new-tokens", args.max_new_tokens, 1 <= args.max_new_tokens <= MAX_NEW_TOKENS,
+               f"1..{MAX_NEW_TOKENS}"),
+              ("--max-draft", args.max_draft, 1 <= args.max_draft <= MAX_DRAFT, f"1..{MAX_DRAFT}"),
+              ("--temperature", args.temperature, math.isfinite(args.temperature) and args.temperature >= 0,
+               "a finite number >= 0"),
+              ("--top-p", args.top_p, 0 < args.top_p <= 1, "(0, 1]"),
+              ("--top-k", args.top_k, args.top_k >= 0, ">= 0")]
+    for flag, value, ok, allowed in checks:
+        if not ok:
+            raise SpecdecError(f"{flag} {value} is out of range ({allowed})")
+
+
 def cmd_complete(args) -> int:
     from specdec.completion import read_source, split_at
     from specdec.engine import GenerationConfig
     from specdec.sampling import SamplingConfig
 
-    prefix, suffix = split_at(read_source(args.file), args.line, args.col)  # validate before loading models
+    check_generation_args(args)  # validate everything before the models load
+    prefix, suffix = split_at(read_source(args.file), args.line, args.col)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     completer = load_completer(args, args.strategy)
     result = completer.complete(prefix, suffix, GenerationConfig(args.max_new_tokens, sampling, args.max_draft),

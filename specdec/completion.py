@@ -12,6 +12,8 @@ from specdec.errors import SpecdecError
 
 def read_source(path: str | Path) -> str:
     path = Path(path)
+    if path.is_dir():
+        raise SpecdecError(f"{path} is a directory; give the file to complete")
     if not path.is_file():
         raise SpecdecError(f"no such file: {path}")
     data = path.read_bytes()

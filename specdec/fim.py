@@ -117,6 +117,7 @@ def _trim_prefix(tokenizer, prefix: str, budget: int, grid: int = 16) -> list[in
     grid = max(1, min(grid, len(counts) // 4))  # never round away more than a quarter of what fits
     if start > 0:
         start = min(len(complete), -(-start // grid) * grid)
-    text = "\n".join(lines[start:])
+    typed = lines[-1][-budget * 8 :]  # one enormous line (minified code) must not be tokenized whole
+    text = "\n".join(lines[start:-1] + [typed])
     ids = tokenizer.encode(text, add_special_tokens=False) if text else []
     return ids[-budget:] if len(ids) > budget else ids

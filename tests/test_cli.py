@@ -110,3 +110,20 @@ def test_bench_on_local_files_records_what_auto_dtype_resolved_to(capsys, models
     assert result["config"]["dtype"] == "auto" and result["target_dtype"] == "float32"
     assert sorted(r["strategy"] for r in result["rows"]) == ["draft", "plain"]
     assert all(r["new_tokens"] >= 1 and r["equals_plain"] for r in result["rows"])
+
+
+@pytest.mark.parametrize("flag,value,message", [("--max-new-tokens", 0, "--max-new-tokens 0 is out of range"),
+                                                ("--max-draft", 0, "--max-draft 0 is out of range"),
+                                                ("--temperature", "nan", "--temperature nan is out of range"),
+                                                ("--top-p", 0, "--top-p 0.0 is out of range")])
+def test_bad_generation_arguments_refused_before_loading(capsys, source, monkeypatch, flag, value, message):
+    import specdec.models
+
+    monkeypatch.setattr(specdec.models, "load_pair", lambda *a, **k: pytest.fail("models loaded"))
+    code, out, err = run(capsys, "complete", source, "--line", 1, "--col", 1, flag, value)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_directory_is_not_a_missing_file(capsys, tmp_path):
+    code, _, err = run(capsys, "complete", tmp_path, "--line", 1, "--col", 1)
+    assert code == 2 and "is a directory" in err and err.count("\n") == 1

@@ -124,19 +124,61 @@ def test_stop_tokens_and_predicate_honoured_by_every_strategy(target, unrelated_
 @pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto"])
 def test_cancel_returns_within_one_step(target, unrelated_draft, tok, strategy):
     cancel = CancelToken()
-    seen = []
+    seen, passes = [], []
 
-    def stop(text):  # called once per verified step; cancel from "outside" after the 3rd
+    def stop(text):  # called after every verified token; cancel from "outside" at the 3rd
         seen.append(text)
         if len(seen) == 3:
             cancel.cancel()
         return None
 
     session = make_session(target, tok, strategy, unrelated_draft)
+    extend = session.target.extend
+    session.target.extend = lambda ids, keep_logits=None: passes.append(cancel.cancelled) or extend(ids, keep_logits)
     out = generate(session, tok.encode("for i in range(10):"), max_new=200, stop=stop, cancel=cancel)
     assert out.stop_reason == "cancelled"
-    assert len(seen) == 3  # no further step ran after the cancel
-    assert out.text == seen[-1]
+    assert True not in passes  # no target pass ran after the cancel
+    assert out.text == seen[-1]  # what was verified before it is kept
+
+
+SHAPES = [("python", "def f(x):\n    ", "\n"), ("python", "    y = ", "\nreturn y\n"), ("python", "if x:\n", "    pass\n"),
+          ("javascript", "function f() {\n  ", "\n}\n"), ("python", "", "    else:\n")]
+
+
+@pytest.fixture(scope="module")
+def cut_cases(target, tok):
+    """(prompt, predicate, index of the token at which plain greedy's real stop predicate cuts)."""
+    import random
+
+    from lsp_server import syntax
+
+    rng, cases = random.Random(0), []
+    predicates = [syntax.stop_predicate(syntax.analyze(*shape)) for shape in SHAPES]
+    while len(cases) < 12:
+        prompt = [rng.randint(8, 360) for _ in range(rng.randint(1, 24))]
+        reference = greedy_reference(target, prompt, MAX_NEW)
+        for predicate in predicates:
+            cut = next((i for i in range(len(reference)) if predicate(tok.decode(reference[: i + 1])) is not None), None)
+            if cut is not None and cut + 1 < len(reference):
+                cases.append((prompt, predicate, cut, reference))
+    return cases
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.integers(min_value=0, max_value=11), kind=st.sampled_from(["same", "unrelated", "lookup", "composite"]),
+       budget=st.integers(min_value=1, max_value=MAX_NEW), stop_after_cut=st.integers(min_value=-1, max_value=6))
+def test_drafted_output_equals_plain_for_every_stop_rule(target, unrelated_draft, tok, cut_cases, case, kind, budget,
+                                                        stop_after_cut):
+    """The server's real stop predicate, stop tokens and budgets: a drafter never changes the output,
+    even when one verified pass holds both the token the predicate cuts at and a stop token after it."""
+    prompt, predicate, cut, reference = cut_cases[case]
+    after = cut + stop_after_cut
+    stops = {reference[after]} if stop_after_cut >= 0 and after < len(reference) else set()
+    config = GenerationConfig(max_new_tokens=budget, max_draft=5)
+    plain = Session(target, tok, None, stops).generate(prompt, config, stop=predicate)
+    drafted = Session(target, tok, drafters(target, unrelated_draft, kind), stops).generate(prompt, config,
+                                                                                          stop=predicate)
+    assert (drafted.tokens, drafted.text, drafted.stop_reason) == (plain.tokens, plain.text, plain.stop_reason)
 
 
 def test_cancel_during_long_prefill(target, tok):

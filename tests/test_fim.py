@@ -69,3 +69,12 @@ def test_repo_level_context_then_this_files_header(tok):
     p = fim.build(tok, template, "x = ", "\n", path="main.py", context=other)
     text = tok.decode(p.ids)
     assert text.index("util.py") < text.index("def helper") < text.index("main.py") < text.index("<|fim_prefix|>")
+
+
+def test_one_enormous_line_is_not_tokenized_whole(tok):
+    """Minified code: a single 4 MB line before the cursor, where cutting by whole lines finds no line to cut."""
+    import time
+
+    start = time.perf_counter()
+    p = fim.build(tok, fim.TEMPLATES["qwen"], "ab = cd + " * 400_000, "", max_prefix_tokens=64, max_suffix_tokens=16)
+    assert p.prefix_tokens == 64 and time.perf_counter() - start < 1

@@ -215,3 +215,19 @@ def test_first_run_pulls_catalog_models_with_progress_then_loads(tmp_path, monke
     assert reports[0][0] == f"downloading {DEFAULT_TARGET} part 1/3" and "loading target" in reports[-2][0]
     host.load(settings)  # now cached: nothing pulled again
     assert pulled == [DEFAULT_TARGET, DEFAULT_DRAFT]
+
+
+async def test_closed_documents_leave_nothing_behind_and_open_ones_are_bounded(tmp_path):
+    """didClose drops a document's type-ahead text; without closes, only MAX_DOCUMENTS are kept."""
+    from lsp_server.service import MAX_DOCUMENTS
+
+    svc = service(tmp_path, host=FakeHost(step=0))
+    body = "x = 1\n" * 40_000  # 240 KB
+    for n in range(MAX_DOCUMENTS + 20):
+        uri = f"file:///w/{n}.py"
+        assert await svc.complete(request(prefix=body + f"def f{n}():\n    ", uri=uri)) is not None
+        svc.forget(uri)
+    assert not svc.last and not svc.latest
+    for n in range(MAX_DOCUMENTS + 20):
+        await svc.complete(request(prefix=body + f"def g{n}():\n    ", uri=f"file:///w/{n}.py"))
+    assert len(svc.last) == MAX_DOCUMENTS and "file:///w/0.py" not in svc.last  # the least recent went first
