@@ -1,7 +1,7 @@
 """The on-disk registry of per-repository LoRA adapters for the draft model.
 
 Layout, under the user data dir:  adapters/<repo-key>/<version>/{adapter files, meta.json}.
-A repository's key is its sanitized name plus a hash of its identity (git remote if
+A repository's key is a slug of its folder name ("repo" when nothing of it is usable) plus a hash of its identity (git remote if
 any, plus the root path), so two clones of one project on different paths stay apart.
 Every write goes to a temporary folder beside its destination and is renamed into
 place: an interrupted write leaves the registry as it was.
@@ -70,7 +70,13 @@ def repo_identity(root: Path) -> tuple[str, str, str]:
     remote = _git(root, "config", "--get", "remote.origin.url")
     commit = _git(root, "rev-parse", "HEAD")
     digest = hashlib.sha256(f"{remote}\n{root}".encode()).hexdigest()[:12]
-    return f"{sanitize(root.name)}-{digest}", remote, commit
+    return f"{slug(root.name)}-{digest}", remote, commit
+
+
+def slug(name: str) -> str:
+    """The readable part of a repository key: any folder name gives one (`проект`, `/`), since the hash beside it
+    is what tells repositories apart; short enough that sanitize() never cuts into that hash."""
+    return _SAFE.sub("-", name).strip(".-")[:40].rstrip(".-") or "repo"
 
 
 class Registry:

@@ -213,6 +213,27 @@ def test_registry_round_trip_and_refusals(tmp_path, pair):
     assert first.repo_key == "demo-1234"
 
 
+def test_repository_identity_is_a_usable_adapter_key_for_any_folder_name(tmp_path):
+    """Issue #30.10: a folder name with no [A-Za-z0-9._-] character (or the root, from file:///) made every
+    completion in it fail with "is not a usable adapter name"."""
+    from adapters.registry import sanitize
+
+    adapter = random_adapter(tmp_path / "adapter", 1)
+    registry = Registry()
+    folders = [tmp_path / "проект", tmp_path / "プロジェクト", tmp_path / "x" / "プロジェクト", tmp_path / ("long" * 40)]
+    keys = []
+    for folder in folders:
+        folder.mkdir(parents=True)
+        keys.append(repo_identity(folder)[0])
+    keys.append(repo_identity(Path("/"))[0])
+    assert len(set(keys)) == len(keys)  # the hash of the path keeps same-named folders apart
+    for key in keys:
+        assert sanitize(key) == key  # never cut into the hash, never refused
+        registry.register(adapter, AdapterMeta(repo_key=key, version="", repo_root="/r", git_remote="",
+                                               git_commit="", base_draft="d", base_draft_hash="h", target="t"))
+        assert registry.latest(key).name == f"{key}@v1"
+
+
 def test_adapters_cli(tmp_path, capsys):
     from specdec.cli import main
 
