@@ -344,6 +344,116 @@ def test_switchable_draft_swaps_adapters_on_an_int8_base(tmp_path, monkeypatch):
         draft.activate("bad", bad)
 
 
+def spoil(adapter: Path, how: str) -> Path:
+    """Issue #30.13's broken weights: garbage bytes, a factor of the wrong shape, NaN values."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights_file = adapter / "adapter_model.safetensors"
+    if how == "garbage":
+        weights_file.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage" + bytes(range(256)) * 8)
+        return adapter
+    weights = load_file(weights_file)
+    key = sorted(k for k in weights if "lora_A" in k)[0]
+    if how == "shape":
+        weights[key] = torch.zeros(weights[key].shape[0] + 1, weights[key].shape[1])
+    else:
+        weights[key][0, 0] = float("nan")
+    save_file(weights, weights_file)
+    return adapter
+
+
+def tar_gz(path: Path, members: list[tuple[str, bytes]], link: str | None = None) -> Path:
+    import io
+
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        if link:
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tf.addfile(info)
+    return path
+
+
+def test_import_refuses_duplicate_members_bombs_and_broken_weights_and_export_errors_in_one_line(
+        tmp_path, monkeypatch, capsys):
+    """Issue #30.13: a second (hostile) meta.json won, a gzip bomb had no limit, garbage / wrong-shape / NaN
+    weights were imported; `adapters export` to a missing folder printed a traceback."""
+    import adapters.registry
+    from specdec.cli import main
+
+    adapter = random_adapter(tmp_path / "adapter", 1)
+    meta = AdapterMeta(repo_key="demo-1234", version="", repo_root="/r", git_remote="", git_commit="",
+                       base_draft="d", base_draft_hash="h", target="t")
+    good = {name: (adapter / name).read_bytes() for name in ("adapter_config.json", "adapter_model.safetensors")}
+    good["meta.json"] = json.dumps(vars(meta)).encode()
+    hostile = json.dumps({**vars(meta), "repo_key": "someone-elses-repo"}).encode()
+
+    def archive(name: str, extra=(), **replace) -> Path:
+        files = {**good, **replace}
+        return tar_gz(tmp_path / f"{name}.tar.gz", [(f"demo/{n}", data) for n, data in files.items()] + list(extra))
+
+    registry = Registry()
+    monkeypatch.setattr(adapters.registry, "MAX_UNPACKED", 2 * 2**20, raising=False)
+    refusals = {
+        "duplicate": (archive("duplicate", [("demo/meta.json", hostile)]), "appears twice"),
+        "bomb": (archive("bomb", **{"adapter_model.safetensors": bytes(16 * 2**20)}), "unpacks to more"),
+        "link": (tar_gz(tmp_path / "link.tar.gz", [], link="demo/meta.json"), "unsafe path or type"),
+        "garbage": (archive("garbage", **{"adapter_model.safetensors": b"\x00" * 64}), "unreadable adapter weights"),
+    }
+    for how, match in (("shape", "rank 5x4"), ("nan", "NaN")):
+        spoilt = spoil(random_adapter(tmp_path / how, 1), how)
+        refusals[how] = (archive(how, **{"adapter_model.safetensors":
+                                         (spoilt / "adapter_model.safetensors").read_bytes()}), match)
+    for name, (path, match) in refusals.items():
+        with pytest.raises(SpecdecError, match=match):
+            registry.import_archive(path)
+        assert registry.list() == [], name
+    assert registry.import_archive(archive("good")).name == "demo-1234@v1"
+
+    assert main(["adapters", "export", "demo-1234", str(tmp_path / "missing" / "demo.tar.gz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such directory" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("how", ["nan", "shape", "garbage"])
+def test_a_broken_adapter_falls_back_to_the_base_draft_with_a_warning(tmp_path, how):
+    """Issue #30.13: after a broken adapter was loaded every completion in its repository came back empty."""
+    import torch
+
+    from lsp_server.service import ModelHost
+    from specdec.lora import SwitchableDraft
+
+    draft = SwitchableDraft(tiny.model(seed=2))
+    ids = torch.tensor([[10, 11, 12, 13]])
+    base = draft.model(ids).logits
+    with pytest.raises(SpecdecError):
+        draft.activate("broken", spoil(random_adapter(tmp_path / "broken", 1), how))
+    assert draft.active is None and "broken" not in draft.model.peft_config
+    assert torch.equal(draft.model(ids).logits, base)
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    registry = Registry()
+    meta = registry.register(random_adapter(tmp_path / "adapter", 1), AdapterMeta(
+        repo_key=repo_identity(repo)[0], version="", repo_root=str(repo), git_remote="", git_commit="",
+        base_draft="d", base_draft_hash="h", target="t"))
+    spoil(registry.path(meta), how)  # broken after it was registered (a disk error, a hand edit)
+    host, warnings = ModelHost(), []
+    host.switchable, host.draft_hash, host.on_warning = draft, "h", warnings.append
+    host.completer = SimpleNamespace(session=SimpleNamespace(drafter=None))
+    assert host.adapter_for(str(repo)).name == meta.name
+    for _ in range(2):
+        host._use_adapter(str(repo))  # the request goes on with the base draft
+        assert host.adapter == "" and draft.active is None
+    assert host.adapter_error.startswith(meta.name) and len(warnings) == 1 and meta.name in warnings[0]
+    assert host.adapter_for(str(repo)) is None  # its requests and cache hits are the base draft's
+    assert torch.equal(draft.model(ids).logits, base)
+
+
 @pytest.mark.parametrize("quant", ["none", "int8"])
 def test_lean_lora_forward_computes_what_pefts_does(tmp_path, quant):
     import copy
