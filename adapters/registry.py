@@ -1,8 +1,9 @@
 """The on-disk registry of per-repository LoRA adapters for the draft model.
 
 Layout, under the user data dir:  adapters/<repo-key>/<version>/{adapter files, meta.json}.
-A repository's key is a slug of its folder name ("repo" when nothing of it is usable) plus a hash of its identity (git remote if
-any, plus the root path), so two clones of one project on different paths stay apart.
+A repository's key is a slug of its folder name ("repo" when nothing of it is usable) plus a
+hash of its identity (git remote if any, plus the root path), so two clones of one project on
+different paths stay apart.
 Every write goes to a temporary folder beside its destination and is renamed into
 place: an interrupted write leaves the registry as it was.
 """
@@ -194,6 +195,9 @@ class Registry:
                         continue
                     if path.name not in wanted:
                         raise SpecdecError(f"refusing archive member {m.name!r}: not part of an adapter")
+                    if m.size > MAX_UNPACKED:  # declared too big: refused before a byte is unpacked
+                        raise SpecdecError(f"refusing archive {archive}: it unpacks to more than "
+                                           f"{MAX_UNPACKED // 2**20} MB")
                     if path.name in seen:  # tar lets a later copy silently replace the one that was checked
                         raise SpecdecError(f"refusing archive {archive}: {path.name} appears twice")
                     seen.add(path.name)
