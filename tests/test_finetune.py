@@ -123,9 +123,10 @@ def test_nine_kinds_of_planted_secret_never_reach_the_finetune_dataset(tmp_path,
 
     root = make_repo(tmp_path / "repo", files=4, git=False)
     secrets = plant_secrets(root)
-    (root / "test_digest.py").write_text('import hashlib\n\n\ndef test_empty_digest():\n    assert hashlib.sha256(b"")'
-                                         '.hexdigest() == (\n        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934'
-                                         'ca495991b7852b855")\n    COMMIT = "9fceb02d0ae598e95dc970b74767f19372d61af8"\n')
+    (root / "test_digest.py").write_text(
+        'import hashlib\n\n\ndef test_empty_digest():\n    assert hashlib.sha256(b"").hexdigest() == (\n'
+        '        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")\n'
+        '    COMMIT = "9fceb02d0ae598e95dc970b74767f19372d61af8"\n')
     _, selection, split = split_repo(str(root), 0.25, 1)  # the path `specdec finetune` takes
     for name in secrets:
         assert selection.skipped.get(name, "").startswith("secret"), (name, selection.skipped.get(name))
