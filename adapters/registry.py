@@ -1,14 +1,16 @@
 """The on-disk registry of per-repository LoRA adapters for the draft model.
 
 Layout, under the user data dir:  adapters/<repo-key>/<version>/{adapter files, meta.json}.
-A repository's key is its sanitized name plus a hash of its identity (git remote if
-any, plus the root path), so two clones of one project on different paths stay apart.
+A repository's key is a slug of its folder name ("repo" when nothing of it is usable) plus a
+hash of its identity (git remote if any, plus the root path), so two clones of one project on
+different paths stay apart.
 Every write goes to a temporary folder beside its destination and is renamed into
 place: an interrupted write leaves the registry as it was.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -18,6 +20,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -27,6 +30,7 @@ from specdec.paths import data_dir
 META = "meta.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_UNPACKED = 256 * 1024 * 1024  # an adapter of the 0.5B draft at rank 64 is about 70 MB
 
 
 @dataclass
@@ -70,7 +74,13 @@ def repo_identity(root: Path) -> tuple[str, str, str]:
     remote = _git(root, "config", "--get", "remote.origin.url")
     commit = _git(root, "rev-parse", "HEAD")
     digest = hashlib.sha256(f"{remote}\n{root}".encode()).hexdigest()[:12]
-    return f"{sanitize(root.name)}-{digest}", remote, commit
+    return f"{slug(root.name)}-{digest}", remote, commit
+
+
+def slug(name: str) -> str:
+    """The readable part of a repository key: any folder name gives one (`проект`, `/`), since the hash beside it
+    is what tells repositories apart; short enough that sanitize() never cuts into that hash."""
+    return _SAFE.sub("-", name).strip(".-")[:40].rstrip(".-") or "repo"
 
 
 class Registry:
@@ -112,9 +122,13 @@ class Registry:
 
     def _read(self, entry: Path) -> AdapterMeta:
         try:
-            return AdapterMeta(**json.loads((entry / META).read_text()))
+            meta = AdapterMeta(**json.loads((entry / META).read_text()))
         except (OSError, ValueError, TypeError) as exc:
             raise SpecdecError(f"corrupt adapter metadata in {entry}: {exc}") from None
+        text = ("repo_key", "version", "repo_root", "git_remote", "git_commit", "base_draft", "base_draft_hash")
+        if not all(isinstance(getattr(meta, f), str) for f in text):
+            raise SpecdecError(f"corrupt adapter metadata in {entry}: a name field is not a string")
+        return meta
 
     def register(self, adapter_dir: Path, meta: AdapterMeta) -> AdapterMeta:
         """Copy a trained adapter in as the repository's next version, atomically."""
@@ -147,39 +161,72 @@ class Registry:
         return [m.name for m in targets]
 
     def export(self, repo_key: str, version: str | None, archive: Path) -> Path:
+        """Write the adapter as a .tar.gz. A missing destination folder is an error, not created: a mistyped
+        path should not quietly make folders."""
         meta = self.get(repo_key, version)
+        if not archive.parent.is_dir():
+            raise SpecdecError(f"cannot write {archive}: no such directory {archive.parent}")
         tmp = archive.with_name(archive.name + ".partial")
-        with tarfile.open(tmp, "w:gz") as tf:
-            for name in (*ADAPTER_FILES, META):
-                tf.add(self.path(meta) / name, arcname=f"{meta.repo_key}-{meta.version}/{name}")
-        os.replace(tmp, archive)
+        try:
+            with tarfile.open(tmp, "w:gz") as tf:
+                for name in (*ADAPTER_FILES, META):
+                    tf.add(self.path(meta) / name, arcname=f"{meta.repo_key}-{meta.version}/{name}")
+            os.replace(tmp, archive)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise SpecdecError(f"cannot write {archive}: {exc.strerror or exc}") from None
         return archive
 
     def import_archive(self, archive: Path, expected_base_hash: str | None = None) -> AdapterMeta:
-        """Validate an exported archive (members, metadata, base draft) and register it as a new version."""
+        """Validate an exported archive (members, size, metadata, weights, base draft) and register it as a new
+        version. Read as a stream with the unpacked bytes counted, so a gzip bomb stops at MAX_UNPACKED."""
         if not archive.is_file():
             raise SpecdecError(f"no such archive: {archive}")
+        wanted = (*ADAPTER_FILES, META)
         try:
-            with tarfile.open(archive, "r:gz") as tf:
-                members = tf.getmembers()
-                names = {PurePosixPath(m.name).name: m for m in members}
-                for m in members:
+            with tempfile.TemporaryDirectory() as tmp, gzip.open(archive) as unzipped, \
+                    tarfile.open(fileobj=_Capped(unzipped, MAX_UNPACKED, archive), mode="r|") as tf:
+                seen: set[str] = set()
+                for m in tf:
                     path = PurePosixPath(m.name)
                     if path.is_absolute() or ".." in path.parts or not (m.isfile() or m.isdir()):
                         raise SpecdecError(f"refusing archive member {m.name!r}: unsafe path or type")
-                missing = [n for n in (*ADAPTER_FILES, META) if n not in names]
+                    if m.isdir():
+                        continue
+                    if path.name not in wanted:
+                        raise SpecdecError(f"refusing archive member {m.name!r}: not part of an adapter")
+                    if m.size > MAX_UNPACKED:  # declared too big: refused before a byte is unpacked
+                        raise SpecdecError(f"refusing archive {archive}: it unpacks to more than "
+                                           f"{MAX_UNPACKED // 2**20} MB")
+                    if path.name in seen:  # tar lets a later copy silently replace the one that was checked
+                        raise SpecdecError(f"refusing archive {archive}: {path.name} appears twice")
+                    seen.add(path.name)
+                    with tf.extractfile(m) as src, open(Path(tmp) / path.name, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                missing = [n for n in wanted if n not in seen]
                 if missing:
                     raise SpecdecError(f"not an adapter archive: missing {', '.join(missing)}")
-                with tempfile.TemporaryDirectory() as tmp:
-                    for n in (*ADAPTER_FILES, META):
-                        with tf.extractfile(names[n]) as src, open(Path(tmp) / n, "wb") as dst:
-                            shutil.copyfileobj(src, dst)
-                    meta = self._read(Path(tmp))
-                    check_base(meta, expected_base_hash)
-                    meta.repo_key = sanitize(meta.repo_key)
-                    return self.register(Path(tmp), meta)
-        except (tarfile.TarError, OSError) as exc:
+                meta = self._read(Path(tmp))
+                check_base(meta, expected_base_hash)
+                meta.repo_key = sanitize(meta.repo_key)
+                return self.register(Path(tmp), meta)
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             raise SpecdecError(f"cannot read adapter archive {archive}: {exc}") from None
+
+
+class _Capped:
+    """A reader that raises once more than `limit` bytes came through it."""
+
+    def __init__(self, raw, limit: int, archive: Path):
+        self.raw, self.limit, self.archive, self.count = raw, limit, archive, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(self.limit + 1 - self.count if size is None or size < 0 else size)
+        self.count += len(data)
+        if self.count > self.limit:
+            raise SpecdecError(f"refusing archive {self.archive}: it unpacks to more than "
+                               f"{self.limit // 2**20} MB")
+        return data
 
 
 def check_base(meta: AdapterMeta, base_hash: str | None) -> None:
@@ -189,10 +236,10 @@ def check_base(meta: AdapterMeta, base_hash: str | None) -> None:
 
 
 def _check_adapter_files(folder: Path) -> None:
+    """The files are there and the weights are LoRA factors of a sane shape, all finite (specdec.lora)."""
+    from specdec.lora import check_adapter
+
     missing = [n for n in ADAPTER_FILES if not (folder / n).is_file()]
     if missing:
         raise SpecdecError(f"{folder} is not a LoRA adapter: missing {', '.join(missing)}")
-    try:
-        json.loads((folder / "adapter_config.json").read_text())
-    except ValueError as exc:
-        raise SpecdecError(f"{folder}/adapter_config.json is not valid JSON: {exc}") from None
+    check_adapter(folder)

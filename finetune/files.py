@@ -3,15 +3,27 @@
 Files come from `git ls-files` (or a walk that honours .gitignore). Binaries, generated,
 minified and vendored code, lock files, huge files and anything that looks like a
 secret are skipped, each with a reason the report shows. Secrets are never trained on:
-by name (.env, keys, credentials) and by content (private-key blocks, cloud and API tokens).
+by name (.env, keys, credentials) and by content: detect-secrets' detectors (Yelp's maintained
+set: cloud keys, tokens, webhooks, credentials in URLs, keyword assignments), a few patterns of
+ours it lacks, and an entropy rule for long random-looking string literals; each scan also runs
+over the text with adjacent string literals joined, so `"ghp_abc" + "def"` is one token again.
+
+A file with a finding is dropped whole, not redacted: a secret is often more than the line a
+detector flags (a key block's body, a value continued on the next line, a half in another
+literal), and a redacted line still teaches the model where the secret sits.
+`select()` is the one filter: anything that reads a repository's files (training, an index of
+them for drafting) goes through it.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
+import math
 import os
 import re
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +34,9 @@ SECRET_NAMES = (".env", ".env.*", "*.env", "*.pem", "*.key", "*.p12", "*.pfx", "
                 "id_dsa*", "id_ecdsa*", "id_ed25519*", "credentials", "credentials.*", "*.credentials",
                 ".netrc", ".npmrc", ".pypirc", ".git-credentials", "secrets.*", "*secret*.json", "*.kdbx",
                 "service-account*.json", "*.tfvars")
+# Ours, checked before detect-secrets' (which covers URL credentials, Slack, SendGrid, Azure, AWS and more).
 SECRET_PATTERNS = {
-    "private key block": re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"),
+    "private key block": re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"),
     "AWS access key": re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
     "GitHub token": re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b"),
     "GitLab token": re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}\b"),
@@ -33,7 +46,24 @@ SECRET_PATTERNS = {
     "Stripe key": re.compile(r"\b[rs]k_live_[0-9a-zA-Z]{20,}\b"),
     "Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"),
     "JWT": re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),
+    "npm token": re.compile(r"\bnpm_[A-Za-z0-9]{36}\b"),  # detect-secrets knows only the .npmrc form
 }
+# A string literal whose content is one long base64/hex-alphabet word: a key, token or blob, not code.
+_LITERAL_WORD = re.compile(r"""["'`]([A-Za-z0-9+/_=-]{20,})["'`]""")
+_HEX = re.compile(r"[0-9a-fA-F]+")
+# Names that make a hex literal a credential rather than a digest (hashes and commit ids are kept).
+_SECRET_WORDS = re.compile(r"(?i)token|secret|passw|pwd|api_?key|apikey|auth|credential|private|access_?key")
+# Bits per character a base64-alphabet literal needs. A random one of n characters has about log2(n) - 0.3:
+# 62% of random 20-character ones pass (with the class and run rules), 93% at 24, 99% at 32, all at 40.
+# A length-scaled threshold (log2(n) - 0.8) caught 91% at 20 but dropped 10 files of peft and pygments
+# for identifiers such as TF2_OnWaitingForPlayersStart, against 2 files at a flat 4.0.
+ENTROPY_BITS = 4.0
+# Adjacent string literals, possibly joined by + (or . / .. / &) and across a line break: `"ghp_ab" + "cd"`.
+_JOIN = re.compile(r"""["'`][ \t]*(?:\\?\r?\n[ \t]*)?(?:(?:\+|\.\.?|&)[ \t]*(?:\r?\n[ \t]*)?)?["'`]""")
+_LIBRARY_LOCK = threading.Lock()
+_PLACEHOLDER = re.compile(r"(?i)<[^>]*>?|\$?\{[^}]*\}?|\*+|x+|\.\.\.|pass(?:word|wd)?|secret|changeme")
+# A cheap test for the lines detect-secrets' keyword detector could flag (its DENYLIST words).
+_KEYWORDS = re.compile(r"(?i)key|pass|pwd|secret|contrase")
 LOCK_FILES = ("package-lock.json", "yarn.lock", "pnpm-lock.yaml", "Cargo.lock", "poetry.lock", "Pipfile.lock",
               "composer.lock", "Gemfile.lock", "go.sum", "uv.lock", "*.lock")
 VENDORED_DIRS = {"node_modules", "vendor", "third_party", "third-party", "external", "dist", "build", ".venv",
@@ -107,11 +137,90 @@ def _ignored(root: Path, path: Path, rules, is_dir: bool) -> bool:
 
 
 def secret_reason(name: str, text: str) -> str | None:
+    """Why the file must never be trained on (or indexed), or None."""
     if any(fnmatch.fnmatch(name.lower(), p) for p in SECRET_NAMES):
         return "secret: file name"
-    for label, pattern in SECRET_PATTERNS.items():
-        if pattern.search(text):
-            return f"secret: {label}"
+    joined = _JOIN.sub("", text)
+    for view in (text, joined) if joined != text else (text,):
+        for label, pattern in SECRET_PATTERNS.items():
+            if pattern.search(view):
+                return f"secret: {label}"
+        found = _library_finding(view) or _entropy_finding(view)
+        if found:
+            return f"secret: {found}"
+    return None
+
+
+def shannon_entropy(word: str) -> float:
+    """Bits per character of the word's own character distribution."""
+    counts: dict[str, int] = {}
+    for ch in word:
+        counts[ch] = counts.get(ch, 0) + 1
+    return -sum(n / len(word) * math.log2(n / len(word)) for n in counts.values())
+
+
+def _entropy_finding(text: str) -> str | None:
+    """A long random-looking literal: base64-alphabet with mixed classes and high entropy, or hex beside a
+    secret-sounding name (a bare hex literal is far more often a digest than a credential)."""
+    for match in _LITERAL_WORD.finditer(text):
+        word = match.group(1)
+        if _HEX.fullmatch(word):
+            if len(word) >= 32 and shannon_entropy(word) >= 3.0:
+                line_start = text.rfind("\n", 0, match.start()) + 1
+                if _SECRET_WORDS.search(text[line_start : match.start()]):
+                    return "high-entropy hex literal"
+            continue
+        if max(map(len, re.split(r"[/_-]", word))) < 12 or _sequential(word) or \
+                any(run in word for run in ("abcdefghij", "ABCDEFGHIJ", "0123456789")):  # a path, a name, an alphabet
+            continue
+        classes = sum(bool(re.search(c, word)) for c in ("[a-z]", "[A-Z]", "[0-9]"))
+        if classes == 3 and shannon_entropy(word) >= ENTROPY_BITS:
+            return "high-entropy literal"
+    return None
+
+
+def _sequential(word: str) -> bool:
+    from detect_secrets.filters.heuristic import is_sequential_string
+
+    return is_sequential_string(word)
+
+
+@functools.lru_cache(maxsize=1)
+def _library_detectors() -> tuple:
+    """detect-secrets' detectors that need no network or file context: every regex-based one (cloud keys,
+    tokens, webhooks, credentials in URLs) and the keyword one, less the public-IP one (not a secret)."""
+    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+    from detect_secrets.plugins.base import RegexBasedDetector
+    from detect_secrets.plugins.ip_public import IPPublicDetector
+    from detect_secrets.plugins.keyword import KeywordDetector
+
+    classes = get_mapping_from_secret_type_to_class().values()
+    regex = [cls() for cls in classes if issubclass(cls, RegexBasedDetector) and cls is not IPPublicDetector]
+    return (*regex, KeywordDetector())  # last: run only on lines that name a secret (it is most of the time)
+
+
+def _library_finding(text: str) -> str | None:
+    """The first detect-secrets finding in the text, by line (as the library scans), with its false-positive
+    filters for keyword hits (templated values, ${VAR}, indirect references, sequential or UUID strings)."""
+    from detect_secrets.filters import heuristic
+    from detect_secrets.plugins.keyword import KeywordDetector
+
+    with _LIBRARY_LOCK:  # its plugins keep module-level caches
+        detectors = _library_detectors()
+        for line in text.splitlines():
+            if len(line) > 1000:
+                continue
+            for detector in detectors if _KEYWORDS.search(line) else detectors[:-1]:
+                for value in detector.analyze_string(line):
+                    if _PLACEHOLDER.fullmatch(value):  # user:<password>@host in documentation
+                        continue
+                    if isinstance(detector, KeywordDetector) and (
+                            len(value) < 6 or heuristic.is_templated_secret(value)
+                            or heuristic.is_prefixed_with_dollar_sign(value) or heuristic.is_indirect_reference(line)
+                            or heuristic.is_sequential_string(value) or heuristic.is_potential_uuid(value)
+                            or heuristic.is_not_alphanumeric_string(value)):
+                        continue
+                    return detector.secret_type
     return None
 
 

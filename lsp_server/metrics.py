@@ -38,6 +38,27 @@ class RequestRecord:
     kind: str = "request"
 
 
+_NUMBERS = ("time", "latency_ms", "drafted", "accepted", "target_passes", "decode_seconds", "prefill_reused",
+            "prefill_computed", "new_tokens")
+
+
+def usable(row) -> bool:
+    """Whether a record has the shape aggregation reads: the file is appended to by any version, and may be
+    edited by hand, so a line that is not an object or lacks a field is skipped, not fatal."""
+    if not isinstance(row, dict) or not isinstance(row.get("language"), str):
+        return False
+    if not all(isinstance(row.get(f, ""), str) for f in ("workspace", "adapter")):
+        return False
+    if not isinstance(row.get("time"), (int, float)):
+        return False
+    if row.get("kind") == "accepted":
+        return True
+    if row.get("kind") != "request" or not isinstance(row.get("source"), str) or "shown" not in row:
+        return False
+    return all(isinstance(row.get(f), (int, float)) for f in _NUMBERS) and \
+        isinstance(row.get("produced", 0), (int, float))
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -121,6 +142,9 @@ def summarize(records: list[dict]) -> dict:
     some JSON-RPC clients cannot represent.
     """
 
+    skipped = sum(1 for r in records if not usable(r))
+    records = [r for r in records if usable(r)] if skipped else records
+
     def group(*fields: str) -> dict[tuple, dict]:
         groups: dict[tuple, list[dict]] = {}
         for r in records:
@@ -134,6 +158,7 @@ def summarize(records: list[dict]) -> dict:
         "adapters": [{"workspace": k[0], "adapter": k[1] or "base", **v}
                      for k, v in group("workspace", "adapter").items()],
         "timeline": timeline(records),
+        "skipped_records": skipped,
     }
 
 
@@ -151,8 +176,10 @@ class MetricsStore:
         self._prometheus = None
         self._summary: tuple[int, dict] | None = None  # (records added when computed, summary)
         self._added = 0
+        self.skipped = 0  # malformed lines of the file, reported by summary()
         if not self.records and self.path.is_file():  # history survives a restart: stats and charts go on
-            self.records = load_records(self.path)[-HISTORY:]
+            self.records, self.skipped = read_records(self.path)
+            self.records = self.records[-HISTORY:]
 
     def add(self, record: RequestRecord | dict) -> None:
         row = asdict(record) if isinstance(record, RequestRecord) else record
@@ -174,7 +201,9 @@ class MetricsStore:
         """Recomputed only after new records: editors poll `specdec/stats` every few seconds on the event loop."""
         with self._lock:
             if self._summary is None or self._summary[0] != self._added:
-                self._summary = (self._added, summarize(list(self.records)))
+                summary = summarize(list(self.records))
+                summary["skipped_records"] += self.skipped
+                self._summary = (self._added, summary)
             return self._summary[1]
 
     def serve_prometheus(self, port: int, host: str = "127.0.0.1") -> None:
@@ -182,16 +211,27 @@ class MetricsStore:
 
 
 def load_records(path: Path | None = None) -> list[dict]:
+    return read_records(path)[0]
+
+
+def read_records(path: Path | None = None) -> tuple[list[dict], int]:
+    """(usable records, lines skipped): a torn last line after a crash, or a malformed one, loses itself only."""
     path = path or state_dir() / "metrics.jsonl"
     if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+        return [], 0
+    rows, skipped = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line after a crash loses one record, not the file
-    return rows
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if usable(row):
+            rows.append(row)
+        else:
+            skipped += 1
+    return rows, skipped
 
 
 class PrometheusExporter:

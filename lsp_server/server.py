@@ -93,6 +93,8 @@ class SpecdecServer(LanguageServer):
         self.settings = Settings()
         self.metrics = metrics or MetricsStore()
         self.host = ModelHost()
+        self.host.on_warning = lambda message: self.loop and self.loop.call_soon_threadsafe(  # once per adapter
+            self.window_show_message, types.ShowMessageParams(types.MessageType.Warning, f"specdec: {message}"))
         self.service = CompletionService(self.host, self.metrics, self.settings)
         self.workspace_roots: list[str] = []
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -335,7 +337,7 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
     def stats(ls: SpecdecServer, params=None):
         return {"model": {"state": ls.host.state, "error": ls.host.error, "target": ls.settings.target,
                           "draft": ls.settings.draft, "strategy": ls.settings.strategy, "adapter": ls.host.adapter,
-                          "progress": ls.host.progress},
+                          "adapter_error": ls.host.adapter_error, "progress": ls.host.progress},
                 "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune, **ls.metrics.summary()}
 
     return server

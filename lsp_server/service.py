@@ -138,6 +138,10 @@ class ModelHost:
         self._settings = settings
         return True
 
+    adapter_error = ""  # why the last broken adapter is not used ("name@version: reason"), for specdec/stats
+    broken_adapters: frozenset[tuple[str, str]] = frozenset()  # (name@version, draft hash) that failed to load
+    on_warning = staticmethod(lambda message: None)  # the server shows it to the user (worker thread)
+
     def adapter_for(self, workspace: str):
         """The newest registered adapter of the workspace's repository made for this draft, or None."""
         if self.switchable is None or not workspace:
@@ -148,13 +152,14 @@ class ModelHost:
         stamp = registry.root.stat().st_mtime_ns + sum(p.stat().st_mtime_ns for p in registry.root.iterdir())
         cached = self._adapter_lookup.get(workspace)
         if cached and cached[0] == stamp:
-            return cached[1]
+            meta = cached[1]
+            return None if meta is not None and (meta.name, self.draft_hash) in self.broken_adapters else meta
         meta = registry.latest(repo_identity(Path(workspace))[0])
         if meta is not None and meta.base_draft_hash != self.draft_hash:
             log.warning("adapter %s was made for another base draft; not using it", meta.name)
             meta = None
         self._adapter_lookup[workspace] = (stamp, meta)
-        return meta
+        return None if meta is not None and (meta.name, self.draft_hash) in self.broken_adapters else meta
 
     def _use_adapter(self, workspace: str) -> None:
         """Worker thread: switch the draft's adapter for this request (the draft's KV cache then restarts)."""
@@ -166,9 +171,18 @@ class ModelHost:
             self.adapter = ""
         else:
             from adapters.registry import Registry
+            from specdec.errors import SpecdecError
 
-            changed = self.switchable.activate(meta.name, Registry().path(meta))
-            self.adapter = meta.name
+            try:
+                changed = self.switchable.activate(meta.name, Registry().path(meta))
+                self.adapter = meta.name
+            except (SpecdecError, OSError, ValueError, RuntimeError) as exc:  # completions go on with the base draft
+                self.broken_adapters = self.broken_adapters | {(meta.name, self.draft_hash)}
+                self.adapter_error = f"{meta.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                log.warning("adapter %s; using the base draft", self.adapter_error)
+                self.on_warning(f"adapter {self.adapter_error}; completions use the base draft")
+                changed = self.switchable.activate(None)
+                self.adapter = ""
         if changed and self.completer.session.drafter is not None:
             self.completer.session.drafter.reset()
 

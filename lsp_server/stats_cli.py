@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from lsp_server.metrics import load_records, summarize, timeline
+import sys
+
+from lsp_server.metrics import read_records, summarize, timeline
 
 
 def _fmt(value, spec: str) -> str:
@@ -52,8 +54,11 @@ def plot(records: list[dict], path: str, window: int = 20) -> None:
 
 
 def run(args) -> int:
-    records = load_records()
+    records, skipped = read_records()
     summary = summarize(records)
+    summary["skipped_records"] += skipped
+    if skipped:
+        print(f"skipped {skipped} malformed line{'s' * (skipped != 1)} of the metrics file", file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=2))
     elif not records:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections import OrderedDict
 from pathlib import Path
 
@@ -27,6 +28,71 @@ from specdec.lean_lora import use_lean_lora
 PLACEHOLDER = "specdec-base"
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FOLDED_KEPT = 3  # adapters whose folded int8 layers stay built (about 360 MB each for the 0.5B draft)
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+_LORA_KEY = re.compile(r"(?P<module>[\w.]+)\.lora_(?P<factor>[AB])\.weight")  # as peft saves them
+MAX_RANK = 1024
+
+
+def check_adapter(folder: Path, modules: dict[str, tuple[int, int]] | None = None) -> None:
+    """Refuse, with a one-line SpecdecError, an adapter that would break the draft rather than adapt it.
+
+    Its config must name a rank and target modules; its safetensors must hold only LoRA A/B
+    factors of those modules, in pairs, 2-D, of that rank, finite. With `modules` (LoRA layer
+    name -> (in, out) features of the loaded draft) each pair must fit its layer; without it
+    (on import, no draft loaded) each kind of module must have one shape throughout. A NaN or
+    mis-shaped factor loaded into the draft makes every draft token wrong, or every request
+    fail, silently for the user: hence checked on import and again on load.
+    """
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"unreadable adapter config in {folder}: {exc}") from None
+    if not isinstance(config, dict):
+        raise SpecdecError(f"{folder}/{ADAPTER_CONFIG} is not a JSON object")
+    ranks = {config.get("r"), *(config.get("rank_pattern") or {}).values()}
+    if not all(type(r) is int and 0 < r <= MAX_RANK for r in ranks):
+        raise SpecdecError(f"adapter at {folder} has an unusable rank {config.get('r')!r}")
+    targets = config.get("target_modules")
+    targets = [targets] if isinstance(targets, str) else targets
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise SpecdecError(f"adapter at {folder} names no target modules")
+    shapes: dict[str, dict[str, tuple[int, ...]]] = {}
+    try:
+        with safe_open(str(folder / ADAPTER_WEIGHTS), framework="pt") as weights:
+            for key in weights.keys():
+                match = _LORA_KEY.fullmatch(key)
+                if not match or match["module"].rsplit(".", 1)[-1] not in targets:
+                    raise SpecdecError(f"adapter at {folder} holds {key!r}, which is no LoRA factor of its "
+                                       f"target modules ({', '.join(targets)})")
+                tensor = weights.get_tensor(key)
+                if not tensor.is_floating_point() or tensor.dim() != 2:
+                    raise SpecdecError(f"adapter at {folder}: {key} is not a 2-D float matrix")
+                if not bool(torch.isfinite(tensor).all()):
+                    raise SpecdecError(f"adapter at {folder}: {key} has NaN or infinite values")
+                shapes.setdefault(match["module"], {})[match["factor"]] = tuple(tensor.shape)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise SpecdecError(f"unreadable adapter weights in {folder}: {str(exc).splitlines()[0]}") from None
+    if not shapes:
+        raise SpecdecError(f"adapter at {folder} holds no LoRA weights")
+    by_kind: dict[str, tuple[int, int]] = {}
+    for module, factors in shapes.items():
+        if set(factors) != {"A", "B"}:
+            raise SpecdecError(f"adapter at {folder}: {module} has lora_{''.join(factors)} without its pair")
+        (rank_a, fan_in), (fan_out, rank_b) = factors["A"], factors["B"]
+        if rank_a != rank_b or rank_a not in ranks:
+            raise SpecdecError(f"adapter at {folder}: {module} has rank {rank_a}x{rank_b}, config says "
+                               f"{config.get('r')}")
+        if modules is not None and modules.get(module) != (fan_in, fan_out):
+            fits = modules.get(module)
+            raise SpecdecError(f"adapter at {folder}: {module} is {fan_in}->{fan_out}, " + (
+                f"the draft's layer is {fits[0]}->{fits[1]}" if fits else "no switchable layer of this draft"))
+        kind = module.rsplit(".", 1)[-1]
+        if by_kind.setdefault(kind, (fan_in, fan_out)) != (fan_in, fan_out):
+            raise SpecdecError(f"adapter at {folder}: {kind} layers disagree on their shape")
 
 
 class SwitchableDraft:
@@ -48,6 +114,11 @@ class SwitchableDraft:
         self.active: str | None = None
         self.model.base_model.disable_adapter_layers()
         use_lean_lora(self.model)
+        from peft.tuners.lora.layer import LoraLayer
+
+        # LoRA layer name -> (in, out) features, as adapter weights name them: what check_adapter fits them to
+        self.lora_shapes = {n: (m.in_features, m.out_features) for n, m in self.model.named_modules()
+                            if isinstance(m, LoraLayer)}
 
     def activate(self, name: str | None, path: Path | None = None) -> bool:
         """Use adapter `name` (loading it from `path` the first time), or the base draft for None.
@@ -64,7 +135,13 @@ class SwitchableDraft:
                 if path is None:
                     raise SpecdecError(f"adapter {name} is not loaded and no path was given")
                 self._check_modules(path)
-                self.model.load_adapter(str(path), adapter_name=name)
+                check_adapter(path, self.lora_shapes)
+                try:
+                    self.model.load_adapter(str(path), adapter_name=name)
+                except Exception as exc:  # peft may have added part of it: leave no half-loaded adapter
+                    if name in self.model.peft_config:
+                        self.model.delete_adapter(name)
+                    raise SpecdecError(f"cannot load adapter at {path}: {str(exc).splitlines()[0]}") from None
                 self.loaded[name] = str(path)
             self.model.base_model.enable_adapter_layers()
             self.model.set_adapter(name)

@@ -81,6 +81,64 @@ def test_planted_secrets_never_reach_samples(tmp_path, tok):
     assert "<|fim_middle|>" in text  # FIM samples are in the family's format
 
 
+def plant_secrets(root: Path) -> dict[str, str]:
+    """Issue #30.14's nine kinds, each in otherwise ordinary code: file -> the secret part that must not leak."""
+    import random
+    import string
+
+    rng = random.Random(30)
+
+    def rand(n: int, alphabet: str = string.ascii_letters + string.digits) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(n))
+
+    pgp_body = "\n".join(rand(64, string.ascii_letters + string.digits + "+/") for _ in range(6))
+    secrets = {"signing.py": pgp_body, "storage.py": rand(40, string.ascii_letters + string.digits + "/+"),
+               "db.py": rand(14), "publish.py": rand(36), "hub.py": rand(40, "0123456789abcdef"),
+               "notify.py": rand(24), "mail.py": rand(22) + "." + rand(43),
+               "blob.py": rand(86, string.ascii_letters + string.digits + "+/") + "==", "gh.py": rand(36)}
+    gh = secrets["gh.py"]
+    code = {
+        "signing.py": f'KEY = """\n-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n{pgp_body}\n'
+                      f'-----END PGP PRIVATE KEY BLOCK-----\n"""\n',
+        "storage.py": f'client = boto3.client("s3", aws_secret_access_key="{secrets["storage.py"]}")\n',
+        "db.py": f'DATABASE_URL = "postgresql://app:{secrets["db.py"]}@db.internal:5432/app"\n',
+        "publish.py": f'NPM_TOKEN = "npm_{secrets["publish.py"]}"\n',
+        "hub.py": f'GITHUB_TOKEN = "{secrets["hub.py"]}"\n',
+        "notify.py": f'WEBHOOK = "https://hooks.slack.com/services/T0{rand(8).upper()}/B0{rand(8).upper()}/'
+                     f'{secrets["notify.py"]}"\n',
+        "mail.py": f'sg = SendGridAPIClient("SG.{secrets["mail.py"]}")\n',
+        "blob.py": f'CONN = "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={secrets["blob.py"]};'
+                   f'EndpointSuffix=core.windows.net"\n',
+        "gh.py": f'TOKEN = ("ghp_{gh[:10]}" + "{gh[10:22]}"\n         "{gh[22:]}")\n',
+    }
+    for name, line in code.items():
+        body = "".join(f"    zorblax.frobnicate(step_{i}, wibble={i} * 3)\n" for i in range(12))
+        (root / name).write_text(f"import zorblax\n\n{line}\n\ndef run_{name[:-3]}():\n{body}")
+    return {name: secret.replace("\n", "") for name, secret in secrets.items()}
+
+
+def test_nine_kinds_of_planted_secret_never_reach_the_finetune_dataset(tmp_path, tok):
+    """Issue #30.14: each of these reached the dataset (2000 decoded samples); digests must not be dropped."""
+    from finetune.run import split_repo
+
+    root = make_repo(tmp_path / "repo", files=4, git=False)
+    secrets = plant_secrets(root)
+    (root / "test_digest.py").write_text(
+        'import hashlib\n\n\ndef test_empty_digest():\n    assert hashlib.sha256(b"").hexdigest() == (\n'
+        '        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")\n'
+        '    COMMIT = "9fceb02d0ae598e95dc970b74767f19372d61af8"\n')
+    _, selection, split = split_repo(str(root), 0.25, 1)  # the path `specdec finetune` takes
+    for name in secrets:
+        assert selection.skipped.get(name, "").startswith("secret"), (name, selection.skipped.get(name))
+    assert Path("test_digest.py") in selection.files and Path("mod_0.py") in selection.files
+    samples = SampleBuilder(tok, fim.detect(tok), seq_len=96).samples(split.train + split.heldout, 2000, seed=1)
+    text = "".join(tok.decode(s) for s in samples)
+    assert "zorblax" in text
+    for name, secret in secrets.items():
+        leaked = [secret[i : i + 8] for i in range(len(secret) - 7) if secret[i : i + 8] in text]
+        assert not leaked, (name, leaked[:3])
+
+
 def test_split_is_by_file_and_deterministic(tmp_path):
     root = make_repo(tmp_path / "repo", files=10)
     a, b = split_files(select(root), 0.2, seed=3), split_files(select(root), 0.2, seed=3)
@@ -213,6 +271,27 @@ def test_registry_round_trip_and_refusals(tmp_path, pair):
     assert first.repo_key == "demo-1234"
 
 
+def test_repository_identity_is_a_usable_adapter_key_for_any_folder_name(tmp_path):
+    """Issue #30.10: a folder name with no [A-Za-z0-9._-] character (or the root, from file:///) made every
+    completion in it fail with "is not a usable adapter name"."""
+    from adapters.registry import sanitize
+
+    adapter = random_adapter(tmp_path / "adapter", 1)
+    registry = Registry()
+    folders = [tmp_path / "проект", tmp_path / "プロジェクト", tmp_path / "x" / "プロジェクト", tmp_path / ("long" * 40)]
+    keys = []
+    for folder in folders:
+        folder.mkdir(parents=True)
+        keys.append(repo_identity(folder)[0])
+    keys.append(repo_identity(Path("/"))[0])
+    assert len(set(keys)) == len(keys)  # the hash of the path keeps same-named folders apart
+    for key in keys:
+        assert sanitize(key) == key  # never cut into the hash, never refused
+        registry.register(adapter, AdapterMeta(repo_key=key, version="", repo_root="/r", git_remote="",
+                                               git_commit="", base_draft="d", base_draft_hash="h", target="t"))
+        assert registry.latest(key).name == f"{key}@v1"
+
+
 def test_adapters_cli(tmp_path, capsys):
     from specdec.cli import main
 
@@ -264,6 +343,116 @@ def test_switchable_draft_swaps_adapters_on_an_int8_base(tmp_path, monkeypatch):
     (bad / "adapter_config.json").write_text(json.dumps({"target_modules": ["embed_tokens"]}))
     with pytest.raises(SpecdecError, match="cannot switch"):
         draft.activate("bad", bad)
+
+
+def spoil(adapter: Path, how: str) -> Path:
+    """Issue #30.13's broken weights: garbage bytes, a factor of the wrong shape, NaN values."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights_file = adapter / "adapter_model.safetensors"
+    if how == "garbage":
+        weights_file.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage" + bytes(range(256)) * 8)
+        return adapter
+    weights = load_file(weights_file)
+    key = sorted(k for k in weights if "lora_A" in k)[0]
+    if how == "shape":
+        weights[key] = torch.zeros(weights[key].shape[0] + 1, weights[key].shape[1])
+    else:
+        weights[key][0, 0] = float("nan")
+    save_file(weights, weights_file)
+    return adapter
+
+
+def tar_gz(path: Path, members: list[tuple[str, bytes]], link: str | None = None) -> Path:
+    import io
+
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        if link:
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tf.addfile(info)
+    return path
+
+
+def test_import_refuses_duplicate_members_bombs_and_broken_weights_and_export_errors_in_one_line(
+        tmp_path, monkeypatch, capsys):
+    """Issue #30.13: a second (hostile) meta.json won, a gzip bomb had no limit, garbage / wrong-shape / NaN
+    weights were imported; `adapters export` to a missing folder printed a traceback."""
+    import adapters.registry
+    from specdec.cli import main
+
+    adapter = random_adapter(tmp_path / "adapter", 1)
+    meta = AdapterMeta(repo_key="demo-1234", version="", repo_root="/r", git_remote="", git_commit="",
+                       base_draft="d", base_draft_hash="h", target="t")
+    good = {name: (adapter / name).read_bytes() for name in ("adapter_config.json", "adapter_model.safetensors")}
+    good["meta.json"] = json.dumps(vars(meta)).encode()
+    hostile = json.dumps({**vars(meta), "repo_key": "someone-elses-repo"}).encode()
+
+    def archive(name: str, extra=(), **replace) -> Path:
+        files = {**good, **replace}
+        return tar_gz(tmp_path / f"{name}.tar.gz", [(f"demo/{n}", data) for n, data in files.items()] + list(extra))
+
+    registry = Registry()
+    monkeypatch.setattr(adapters.registry, "MAX_UNPACKED", 2 * 2**20, raising=False)
+    refusals = {
+        "duplicate": (archive("duplicate", [("demo/meta.json", hostile)]), "appears twice"),
+        "bomb": (archive("bomb", **{"adapter_model.safetensors": bytes(16 * 2**20)}), "unpacks to more"),
+        "link": (tar_gz(tmp_path / "link.tar.gz", [], link="demo/meta.json"), "unsafe path or type"),
+        "garbage": (archive("garbage", **{"adapter_model.safetensors": b"\x00" * 64}), "unreadable adapter weights"),
+    }
+    for how, match in (("shape", "rank 5x4"), ("nan", "NaN")):
+        spoilt = spoil(random_adapter(tmp_path / how, 1), how)
+        refusals[how] = (archive(how, **{"adapter_model.safetensors":
+                                         (spoilt / "adapter_model.safetensors").read_bytes()}), match)
+    for name, (path, match) in refusals.items():
+        with pytest.raises(SpecdecError, match=match):
+            registry.import_archive(path)
+        assert registry.list() == [], name
+    assert registry.import_archive(archive("good")).name == "demo-1234@v1"
+
+    assert main(["adapters", "export", "demo-1234", str(tmp_path / "missing" / "demo.tar.gz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such directory" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("how", ["nan", "shape", "garbage"])
+def test_a_broken_adapter_falls_back_to_the_base_draft_with_a_warning(tmp_path, how):
+    """Issue #30.13: after a broken adapter was loaded every completion in its repository came back empty."""
+    import torch
+
+    from lsp_server.service import ModelHost
+    from specdec.lora import SwitchableDraft
+
+    draft = SwitchableDraft(tiny.model(seed=2))
+    ids = torch.tensor([[10, 11, 12, 13]])
+    base = draft.model(ids).logits
+    with pytest.raises(SpecdecError):
+        draft.activate("broken", spoil(random_adapter(tmp_path / "broken", 1), how))
+    assert draft.active is None and "broken" not in draft.model.peft_config
+    assert torch.equal(draft.model(ids).logits, base)
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    registry = Registry()
+    meta = registry.register(random_adapter(tmp_path / "adapter", 1), AdapterMeta(
+        repo_key=repo_identity(repo)[0], version="", repo_root=str(repo), git_remote="", git_commit="",
+        base_draft="d", base_draft_hash="h", target="t"))
+    spoil(registry.path(meta), how)  # broken after it was registered (a disk error, a hand edit)
+    host, warnings = ModelHost(), []
+    host.switchable, host.draft_hash, host.on_warning = draft, "h", warnings.append
+    host.completer = SimpleNamespace(session=SimpleNamespace(drafter=None))
+    assert host.adapter_for(str(repo)).name == meta.name
+    for _ in range(2):
+        host._use_adapter(str(repo))  # the request goes on with the base draft
+        assert host.adapter == "" and draft.active is None
+    assert host.adapter_error.startswith(meta.name) and len(warnings) == 1 and meta.name in warnings[0]
+    assert host.adapter_for(str(repo)) is None  # its requests and cache hits are the base draft's
+    assert torch.equal(draft.model(ids).logits, base)
 
 
 @pytest.mark.parametrize("quant", ["none", "int8"])

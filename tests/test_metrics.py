@@ -112,3 +112,22 @@ def test_memory_keeps_the_newest_records_and_summary_is_recomputed_only_after_ne
     assert store.summary() is first and first["languages"]["python"]["requests"] == 5
     store.accepted("python", "/w")
     assert store.summary() is not first and store.summary()["languages"]["python"]["accepted"] == 1
+
+
+def test_malformed_lines_are_skipped_with_a_count_by_the_store_and_the_command(tmp_path, monkeypatch, capsys):
+    """Issue #30.15: a line that is not an object, or lacks `language`, broke specdec/stats and `specdec stats`."""
+    monkeypatch.setenv("SPECDEC_STATE_DIR", str(tmp_path))
+    path = tmp_path / "metrics.jsonl"
+    fill(MetricsStore(path))
+    no_language = {k: v for k, v in vars(record("python")).items() if k != "language"}
+    with open(path, "a") as fh:
+        for bad in ([], 42, None, "text", no_language, {"kind": "accepted", "time": 1.0}, {"kind": "request",
+                    "language": "go", "time": 1.0, "source": "model", "shown": True}):
+            fh.write(json.dumps(bad) + "\n")
+    summary = MetricsStore(path).summary()  # what the server's specdec/stats returns
+    assert summary["skipped_records"] == 7 and summary["languages"]["python"]["requests"] == 11
+    assert main(["stats"]) == 0
+    captured = capsys.readouterr()
+    assert "python" in captured.out and "skipped 7 malformed lines" in captured.err
+    assert main(["stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped_records"] == 7
