@@ -164,6 +164,56 @@ def test_settings_camel_case_section_and_validation():
     assert s.update({"unknownKey": 1}) == s
 
 
+@pytest.mark.parametrize("bad, key", [
+    ({"maxDraft": 1e9}, "maxDraft"), ({"maxNewTokens": 1e9}, "maxNewTokens"),  # item 3: unbounded budgets
+    ({"prometheusPort": 70000}, "prometheusPort"), ({"prometheusPort": 80}, "prometheusPort"),  # item 4
+    ({"fimFamily": "gpt"}, "fimFamily"), ({"temperature": float("nan")}, "temperature"),  # item 5
+    ({"temperature": 1e-300}, "temperature"), ({"temperature": float("inf")}, "temperature"),
+    ({"temperature": 99}, "temperature"), ({"topP": 1e-300}, "topP"), ({"topP": 0}, "topP"),
+    ({"maxNewTokens": "16"}, "maxNewTokens"), ({"max_suffix_tokens": -1}, "maxSuffixTokens"),
+    ({"specdec": {"maxSnippetTokens": -1}}, "maxSnippetTokens"), ({"maxDraft": 2.5}, "maxDraft"),
+    ({"debounceMs": True}, "debounceMs"), ({"languages": [1]}, "languages"), ({"target": 3}, "target"),
+])
+def test_every_bad_value_is_refused_naming_the_key_and_range(bad, key):
+    """Issue #30 items 3-5: one schema refuses each bad value with the key and what it allows."""
+    with pytest.raises(SettingsError, match=key) as caught:
+        Settings().update(bad)
+    assert " must be " in str(caught.value)
+
+
+def test_schema_is_complete_and_defaults_are_valid():
+    from dataclasses import fields
+
+    from lsp_server.settings import schema
+    from specdec.fim import TEMPLATES
+
+    Settings().validate()
+    rows = {row["key"]: row for row in schema()}
+    assert len(rows) == len(fields(Settings))
+    for row in rows.values():
+        assert row["doc"] and row["type"] in ("boolean", "integer", "number", "string", "array"), row
+        if row["type"] in ("integer", "number"):  # every number is bounded
+            assert row["minimum"] is not None and row["maximum"] is not None, row
+    assert rows["fimFamily"]["choices"] == ["", *TEMPLATES]
+    assert rows["temperature"]["zeroAllowed"] and rows["prometheusPort"]["zeroAllowed"]
+    assert {k for k, r in rows.items() if r["reloadsModels"]} == {"target", "draft", "dtype", "draftQuant", "adapters"}
+    good = Settings().update({"temperature": 0, "topP": 1, "prometheusPort": 9464, "maxNewTokens": 32.0,
+                              "maxSuffixTokens": 0, "fimFamily": "starcoder"})
+    assert (good.temperature, good.max_new_tokens, good.fim_family) == (0.0, 32, "starcoder")
+    assert isinstance(good.max_new_tokens, int) and isinstance(good.top_p, float)
+    assert Settings().update({"strategy": "lookup", "draft": ""}).draft == ""
+    with pytest.raises(SettingsError, match="draft"):
+        Settings().update({"strategy": "draft", "draft": ""})  # would fail only at the next load
+
+
+def test_a_refused_change_applies_nothing():
+    s = Settings().update({"maxNewTokens": 32})
+    with pytest.raises(SettingsError) as caught:
+        s.update({"strategy": "plain", "maxNewTokens": 16, "topP": 2, "temperature": -1})
+    assert "topP" in str(caught.value) and "temperature" in str(caught.value)
+    assert s.strategy == "auto" and s.max_new_tokens == 32
+
+
 async def test_identical_concurrent_requests_share_one_generation(tmp_path):
     """An editor's completion and inline requests at one position must not cancel each other."""
     svc = service(tmp_path)
