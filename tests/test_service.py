@@ -265,3 +265,113 @@ def test_first_run_pulls_catalog_models_with_progress_then_loads(tmp_path, monke
     assert reports[0][0] == f"downloading {DEFAULT_TARGET} part 1/3" and "loading target" in reports[-2][0]
     host.load(settings)  # now cached: nothing pulled again
     assert pulled == [DEFAULT_TARGET, DEFAULT_DRAFT]
+
+
+@pytest.mark.parametrize("change", [{"topP": 0.5, "temperature": 0.7}, {"maxPrefixTokens": 256},
+                                    {"maxSuffixTokens": 16}, {"fimFamily": "qwen"}, {"maxDraft": 4},
+                                    {"strategy": "plain"}, {"multiline": False}, {"maxSnippetTokens": 8}])
+async def test_a_changed_setting_never_serves_a_suggestion_made_under_the_old_one(tmp_path, change):
+    """Issue #30 item 7: the cache key left out topP, maxPrefixTokens, maxSuffixTokens, fimFamily; type-ahead
+    state survived a settings change."""
+    svc = service(tmp_path)
+    assert (await svc.complete(request())).source == "model"
+    svc.settings = svc.settings.update(change)
+    assert (await svc.complete(request())).source == "model"  # not the old cache entry
+    assert (await svc.complete(request(prefix="def add(a, b):\n    ret"))).source == "typeahead"
+    svc.settings = Settings().update({"debounce_ms": 0})  # back to the first settings: type-ahead is gone
+    assert (await svc.complete(request(prefix="def add(a, b):\n    ret"))).source == "model"
+    assert len(svc.host.calls) == 3
+
+
+async def test_settings_that_cannot_change_output_keep_cache_and_typeahead(tmp_path):
+    svc = service(tmp_path)
+    await svc.complete(request())
+    svc.settings = svc.settings.update({"debounceMs": 0, "prometheusPort": 0, "languages": ["python"]})
+    assert (await svc.complete(request())).source == "cache"
+    assert (await svc.complete(request(prefix="def add(a, b):\n    ret"))).source == "typeahead"
+
+
+async def test_a_generation_finishing_after_a_settings_change_leaves_no_typeahead(tmp_path):
+    svc = service(tmp_path, FakeHost(step=0.01))
+    running = asyncio.ensure_future(svc.complete(request()))
+    await asyncio.sleep(0.05)
+    svc.settings = svc.settings.update({"maxNewTokens": 8})
+    assert (await running).source == "model"  # made under the old settings: its own request gets it
+    assert (await svc.complete(request(prefix="def add(a, b):\n    ret"))).source == "model"
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    import tiny
+
+    root = tmp_path_factory.mktemp("models")
+    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+
+
+def loaded_host(tiny_pair, **options):
+    from lsp_server.service import ModelHost
+
+    host = ModelHost()
+    settings = Settings().update({"target": str(tiny_pair[0]), "draft": str(tiny_pair[1]), "dtype": "fp32",
+                                  "adapters": False, **options})
+    host.load(settings)
+    assert host.state == "ready", host.error
+    return host, settings
+
+
+def test_reconfiguration_waits_for_the_running_generation(tiny_pair):
+    """Issue #30 item 6: apply() swapped session.drafter under a running generation ('NoneType' ... 'observe')."""
+    import threading
+
+    from specdec.engine import GenerationConfig
+
+    host, settings = loaded_host(tiny_pair, strategy="draft")
+    session = host.completer.session
+    drafter = session.drafter
+    started, go = threading.Event(), threading.Event()
+
+    def stop(text):  # runs in the worker between decode steps: hold the generation there
+        started.set()
+        go.wait(10)
+        return None
+
+    job = host.executor.submit(host.completer.complete, "def add(a, b):\n    ", "\n", GenerationConfig(24), None,
+                               stop)
+    assert started.wait(10)
+    assert host.apply(settings.update({"strategy": "plain", "fimFamily": "qwen", "maxSuffixTokens": 8}))
+    assert session.drafter is drafter and host.completer.max_suffix_tokens == 64  # not under the generation
+    go.set()
+    result = job.result(10)
+    assert result.stop_reason in ("max_tokens", "eos") and result.stats.drafted > 0
+    host.executor.submit(lambda: None).result(10)  # the swap was queued behind it
+    assert session.drafter is None and session.strategy == "plain" and host.completer.max_suffix_tokens == 8
+
+
+def test_a_valid_fim_family_change_rebuilds_the_template(tiny_pair):
+    """Issue #30 item 5: a runtime fimFamily change was ignored."""
+    from specdec import fim
+
+    host, settings = loaded_host(tiny_pair)
+    assert host.completer.template.family == "qwen"
+    assert host.apply(settings.update({"fimFamily": "starcoder"}))
+    host.executor.submit(lambda: None).result(10)
+    assert host.completer.template is fim.TEMPLATES["starcoder"]
+    assert host.apply(settings.update({"fimFamily": ""}))
+    host.executor.submit(lambda: None).result(10)
+    assert host.completer.template is fim.TEMPLATES["qwen"]  # detected again
+
+
+@pytest.mark.parametrize("error", [ImportError("No module named 'torch'"), KeyError("weight"), ValueError("bad")])
+def test_a_load_that_raises_anything_ends_failed(tmp_path, monkeypatch, error):
+    """Issue #30 item 6: a load thread raising e.g. ImportError stayed in 'loading' forever."""
+    from lsp_server.service import ModelHost
+    from specdec import models
+
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(models, "ensure_local", lambda spec, progress: None)
+    monkeypatch.setattr(models, "load_pair", broken)
+    host = ModelHost()
+    host.load(Settings().update({"target": str(tmp_path), "draft": ""}))
+    assert host.state == "failed" and type(error).__name__ in host.error and not host.ready
