@@ -18,7 +18,7 @@ import uuid
 from collections import OrderedDict
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from lsp_server import syntax
@@ -56,6 +56,22 @@ class Suggestion:
     adapter: str = ""
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What the model worker will run once its queued swaps are done: the base for the next change.
+
+    One attribute holds it, so the event loop never reads a half-published mix of two loads or changes.
+    """
+
+    settings: Settings
+    completer: object  # specdec.completion.Completer
+    draft_model: object  # None without a draft model
+    drafter: object
+    template: object  # specdec.fim.FimTemplate
+    stops: frozenset[int]
+    base_stops: frozenset[int]  # the session's stop ids before the template's
+
+
 class ModelHost:
     """Loads the models off the event loop and runs every generation in one worker thread."""
 
@@ -71,7 +87,7 @@ class ModelHost:
         self.draft_hash = ""
         self._adapter_lookup: dict[str, tuple[float, object]] = {}  # workspace -> (registry mtime, meta)
         self._settings: Settings | None = None  # what was last applied (its swap may still be queued)
-        self._base_stops: frozenset[int] = frozenset()  # the session's stop ids before the FIM template's
+        self._plan: Plan | None = None
         self._lock = threading.Lock()
 
     @property
@@ -120,13 +136,15 @@ class ModelHost:
                                                   max_prefix_tokens=settings.max_prefix_tokens,
                                                   max_suffix_tokens=settings.max_suffix_tokens)
 
+                plan = Plan(settings, completer, draft_model, session.drafter, completer.template, session.stop_token_ids,
+                            base_stops)
+
                 def publish() -> None:
                     self._draft_model, self.switchable, self.draft_hash = draft_model, switchable, draft_hash
-                    self.adapter, self._adapter_lookup, self._base_stops = "", {}, base_stops
-                    self.completer = completer
+                    self.adapter, self._adapter_lookup = "", {}
+                    self.completer, self._plan, self._settings = completer, plan, settings
 
                 self.executor.submit(publish).result()
-                self._settings = settings
                 self.state, self.progress = "ready", ""
             except Exception as exc:  # anything: a load thread must never leave the state at 'loading'
                 self.state, self.progress = "failed", ""
@@ -144,26 +162,24 @@ class ModelHost:
         running generation and before any later one, never under one. Raises SettingsError
         when the loaded models cannot serve these settings.
         """
-        if self._settings is None or settings.models_differ(self._settings):
+        plan = self._plan
+        if plan is None or settings.models_differ(plan.settings):
             return None
-        old, completer = self._settings, self.completer
-        if completer is None:
-            return lambda: setattr(self, "_settings", settings)
+        old, completer = plan.settings, plan.completer
         from specdec import fim
         from specdec.strategies import make_drafter
 
         needs_draft = settings.strategy in ("draft", "auto")
-        if needs_draft and self._draft_model is None and settings.draft:
+        if needs_draft and plan.draft_model is None and settings.draft:
             return None
         session = completer.session
         try:
-            drafter = session.drafter
+            drafter, template, stops = plan.drafter, plan.template, plan.stops  # swaps still queued included
             if (settings.strategy, settings.max_draft) != (old.strategy, old.max_draft):
-                drafter = make_drafter(settings.strategy, self._draft_model, max_draft=settings.max_draft)
-            template, stops = completer.template, session.stop_token_ids
+                drafter = make_drafter(settings.strategy, plan.draft_model, max_draft=settings.max_draft)
             if settings.fim_family != old.fim_family:  # the prompt format changes: rebuild the template and stops
                 template = fim.detect(session.tokenizer, settings.fim_family or None)
-                stops = self._base_stops | fim.stop_token_ids(session.tokenizer, template)
+                stops = plan.base_stops | fim.stop_token_ids(session.tokenizer, template)
         except SpecdecError as exc:
             raise SettingsError(f"{exc} (with the loaded models)") from None
 
@@ -174,7 +190,8 @@ class ModelHost:
             completer.max_suffix_tokens = settings.max_suffix_tokens
 
         def commit() -> None:
-            self._settings = settings
+            self._settings, self._plan = settings, replace(plan, settings=settings, drafter=drafter, template=template,
+                                                           stops=stops)
             self.executor.submit(swap)  # one worker, first in first out: serialised with generations
 
         return commit

@@ -338,13 +338,16 @@ def test_reconfiguration_waits_for_the_running_generation(tiny_pair):
     job = host.executor.submit(host.completer.complete, "def add(a, b):\n    ", "\n", GenerationConfig(24), None,
                                stop)
     assert started.wait(10)
-    assert host.apply(settings.update({"strategy": "plain", "fimFamily": "qwen", "maxSuffixTokens": 8}))
+    changed = settings.update({"strategy": "plain", "fimFamily": "starcoder", "maxSuffixTokens": 8})
+    assert host.apply(changed)
+    assert host.apply(changed.update({"maxPrefixTokens": 256}))  # builds on the change still queued
     assert session.drafter is drafter and host.completer.max_suffix_tokens == 64  # not under the generation
     go.set()
     result = job.result(10)
     assert result.stop_reason in ("max_tokens", "eos") and result.stats.drafted > 0
-    host.executor.submit(lambda: None).result(10)  # the swap was queued behind it
-    assert session.drafter is None and session.strategy == "plain" and host.completer.max_suffix_tokens == 8
+    host.executor.submit(lambda: None).result(10)  # the swaps were queued behind it
+    assert session.drafter is None and session.strategy == "plain" and host.completer.template.family == "starcoder"
+    assert (host.completer.max_suffix_tokens, host.completer.max_prefix_tokens) == (8, 256)
 
 
 def test_a_valid_fim_family_change_rebuilds_the_template(tiny_pair):
