@@ -136,8 +136,8 @@ class ModelHost:
                                                   max_prefix_tokens=settings.max_prefix_tokens,
                                                   max_suffix_tokens=settings.max_suffix_tokens)
 
-                plan = Plan(settings, completer, draft_model, session.drafter, completer.template, session.stop_token_ids,
-                            base_stops)
+                plan = Plan(settings, completer, draft_model, session.drafter, completer.template,
+                            session.stop_token_ids, base_stops)
 
                 def publish() -> None:
                     self._draft_model, self.switchable, self.draft_hash = draft_model, switchable, draft_hash

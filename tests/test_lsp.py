@@ -251,12 +251,14 @@ async def test_switching_strategies_while_completing_answers_every_request(clien
     client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
         settings={"maxNewTokens": 256, "multiline": True}))
     strategies = ["plain", "draft", "plain", "lookup", "plain", "auto"]
-    tasks, switches = [], 0
-    for round_ in range(6):
+    tasks, switches, deadline = [], 0, time.monotonic() + 90
+    for _ in range(6):
         tasks += [asyncio.ensure_future(lc.inline(client, uri, 1, 4, invoked=True)) for uri in uris]
-        while not all(t.done() for t in tasks[-len(uris):]):  # switch strategies while they generate
+        # switch strategies while they generate
+        while not all(t.done() for t in tasks[-len(uris):]) and time.monotonic() < deadline:
+            strategy = strategies[switches % len(strategies)]
             client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
-                settings={"specdec": {"strategy": strategies[switches % len(strategies)], "maxDraft": 1 + switches % 6}}))
+                settings={"specdec": {"strategy": strategy, "maxDraft": 1 + switches % 6}}))
             switches += 1
             await asyncio.sleep(0.02)
     results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
