@@ -92,6 +92,8 @@ class Settings:
         """Every field against the schema, then the rules that span fields."""
         for f in fields(self):
             check(f, getattr(self, f.name))
+        if not self.target.strip():
+            raise SettingsError("target must be a model spec (hub id, local directory or .gguf), not ''")
         if self.strategy == "draft" and not self.draft:
             raise SettingsError("strategy 'draft' needs a draft model: set draft, or use auto or lookup")
 

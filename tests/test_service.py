@@ -173,6 +173,7 @@ def test_settings_camel_case_section_and_validation():
     ({"maxNewTokens": "16"}, "maxNewTokens"), ({"max_suffix_tokens": -1}, "maxSuffixTokens"),
     ({"specdec": {"maxSnippetTokens": -1}}, "maxSnippetTokens"), ({"maxDraft": 2.5}, "maxDraft"),
     ({"debounceMs": True}, "debounceMs"), ({"languages": [1]}, "languages"), ({"target": 3}, "target"),
+    ({"target": ""}, "target"),
 ])
 def test_every_bad_value_is_refused_naming_the_key_and_range(bad, key):
     """Issue #30 items 3-5: one schema refuses each bad value with the key and what it allows."""
