@@ -104,24 +104,41 @@ class SpecdecServer(LanguageServer):
 
     # -- settings and model loading -------------------------------------------------
     def apply_settings(self, options) -> None:
+        """Validate, prepare every step that can fail, then commit: all or nothing, the old settings stay on refusal."""
+        old = self.settings
         try:
-            new = self.settings.update(options)
+            new = old.update(options)
+            loading = self._loading_settings
+            deferred = self.host.state == "loading" and loading is not None and not new.models_differ(loading)
+            commit, reload = None, False
+            if not deferred and self.host.state in ("ready", "failed", "loading"):
+                # the same models are on their way when deferred: the rest is applied in _finish_load
+                commit = None if new.models_differ(old) else self.host.reconfigure(new)
+                reload = commit is None
+            self._start_prometheus(new)  # the last step that can fail: nothing is applied before it
         except SettingsError as exc:
             self.window_show_message(types.ShowMessageParams(types.MessageType.Error, f"specdec: {exc}"))
             log.error("settings rejected: %s", exc)
             return
-        old, self.settings = self.settings, new
+        self.settings = new
         self.service.settings = new
-        if new.prometheus_port and not self.metrics._prometheus:
-            try:
-                self.metrics.serve_prometheus(new.prometheus_port)
-            except OSError as exc:
-                log.error("prometheus endpoint not started: %s", exc)
-        loading = self._loading_settings
-        if self.host.state == "loading" and loading is not None and not new.models_differ(loading):
-            return  # the same models are on their way; the rest is applied when they are loaded (_finish_load)
-        if self.host.state in ("ready", "failed", "loading") and (new.models_differ(old) or not self.host.apply(new)):
+        if commit is not None:
+            commit()
+        elif reload:
             self.start_loading()
+
+    def _start_prometheus(self, new: Settings) -> None:
+        """Start the endpoint a new prometheusPort asks for; SettingsError if it cannot be started."""
+        port = new.prometheus_port
+        if not port or port == self.settings.prometheus_port:
+            return
+        if self.metrics._prometheus is not None:
+            log.warning("prometheusPort %d takes effect when the server restarts (the endpoint keeps its port)", port)
+            return
+        try:
+            self.metrics.serve_prometheus(port)
+        except Exception as exc:  # OSError (in use), OverflowError, a missing prometheus_client, ...
+            raise SettingsError(f"prometheusPort {port}: the endpoint did not start: {exc}") from None
 
     def start_loading(self) -> None:
         self._load_generation += 1
@@ -165,7 +182,12 @@ class SpecdecServer(LanguageServer):
         self._loading_settings = None
         if not self.host.ready:
             self.window_show_message(types.ShowMessageParams(types.MessageType.Error, f"specdec: {message}"))
-        elif self.settings != settings and not self.host.apply(self.settings):
+            return
+        try:
+            if self.settings != settings and not self.host.apply(self.settings):
+                self.start_loading()
+        except SettingsError as exc:  # the new models cannot serve a setting accepted meanwhile: reload says why
+            log.error("settings not applicable to the loaded models: %s", exc)
             self.start_loading()
 
     async def run_finetune(self, folder: str, options: dict) -> dict:

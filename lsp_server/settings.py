@@ -1,49 +1,71 @@
-"""Server settings from `initializationOptions` and `workspace/didChangeConfiguration`.
+"""Server settings from `initializationOptions` and `workspace/didChangeConfiguration`: the one schema.
 
-Keys may be camelCase (as editors send them) or snake_case, at the top level or under a
-`specdec` section. A bad value is reported and the previous settings stay in force.
+Each field carries its type (from its default), bounds or choices and a one-line doc in
+its metadata, so validation, the cache key and the editors' setting lists all come from
+here (`schema()` is the machine-readable form). Keys may be camelCase (as editors send
+them) or snake_case, at the top level or under a `specdec` section. A bad value is
+refused as a whole, naming the key and its allowed range; the previous settings stay.
+Strings are never coerced to numbers and floats must be finite.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.fim import TEMPLATES
 from specdec.models import DRAFT_QUANT, DTYPES
+from specdec.strategies import STRATEGIES
+
+FIM_FAMILIES = ("", *TEMPLATES)  # "": detect from the tokenizer
 
 
 class SettingsError(ValueError):
     pass
 
 
+def setting(default, doc: str, *, min: float | None = None, max: float | None = None,
+            choices: tuple | None = None, zero: bool = False, reload: bool = False, output: bool = True) -> Field:
+    """A settings field. zero: 0 is allowed besides [min, max] (off / greedy); reload: changing it reloads the
+    models; output: it can change a suggestion's text, so it is part of the completion cache key."""
+    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "zero": zero, "reload": reload, "output": output}
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class Settings:
-    target: str = DEFAULT_TARGET
-    draft: str = DEFAULT_DRAFT  # "" for no draft model
-    strategy: str = "auto"
-    dtype: str = "auto"
-    draft_quant: str = "int8"
-    max_new_tokens: int = 64
-    max_draft: int = 8
-    temperature: float = 0.0
-    top_p: float = 1.0
-    debounce_ms: int = 100
-    languages: tuple[str, ...] = ()  # empty: every language
-    enabled: bool = True
-    fim_family: str = ""  # empty: detect from the tokenizer
-    max_prefix_tokens: int = 1024
-    max_suffix_tokens: int = 64  # PSM re-prefills the suffix on every keystroke: short keeps reuse >= 90%
-    snippets_from_open_files: bool = True
-    max_snippet_tokens: int = 256
-    multiline: bool = True
-    prometheus_port: int = 0  # 0: off
-    adapters: bool = True  # use the workspace repository's LoRA draft adapter when one is registered
-
-    MODEL_KEYS = ("target", "draft", "dtype", "draft_quant", "adapters")
+    target: str = setting(DEFAULT_TARGET, "Target model: hub id, local directory or .gguf.", reload=True)
+    draft: str = setting(DEFAULT_DRAFT, "Draft model: hub id, local directory or .gguf; empty for none.",
+                         reload=True)
+    strategy: str = setting("auto", "Speculation strategy: auto is prompt lookup, then the draft model.",
+                            choices=STRATEGIES)
+    dtype: str = setting("auto", "Target precision: auto is bf16 where the device computes it natively, else fp32.",
+                         choices=DTYPES, reload=True)
+    draft_quant: str = setting("int8", "Draft model quantization.", choices=DRAFT_QUANT, reload=True)
+    max_new_tokens: int = setting(64, "Tokens per completion at most.", min=1, max=1024)
+    max_draft: int = setting(8, "Drafted tokens per target pass at most.", min=1, max=32)
+    temperature: float = setting(0.0, "Sampling temperature; 0 is greedy.", min=0.01, max=5.0, zero=True)
+    top_p: float = setting(1.0, "Nucleus sampling mass; 1 disables it.", min=0.01, max=1.0)
+    debounce_ms: int = setting(100, "Milliseconds to wait after a keystroke, per document.", min=0, max=5000,
+                               output=False)
+    languages: tuple[str, ...] = setting((), "Language ids to complete; empty for every language.", output=False)
+    enabled: bool = setting(True, "Show completions.", output=False)
+    fim_family: str = setting("", "Fill-in-the-middle prompt format; empty to detect it from the tokenizer.",
+                              choices=FIM_FAMILIES)
+    max_prefix_tokens: int = setting(1024, "Prompt tokens before the cursor at most.", min=16, max=32768)
+    # PSM re-prefills the suffix on every keystroke: short keeps reuse >= 90%
+    max_suffix_tokens: int = setting(64, "Prompt tokens after the cursor at most.", min=0, max=8192)
+    snippets_from_open_files: bool = setting(True, "Put the heads of other open files of the language in the prompt.")
+    max_snippet_tokens: int = setting(256, "Tokens of other open files in the prompt at most.", min=0, max=4096)
+    multiline: bool = setting(True, "Allow multi-line completions.")
+    prometheus_port: int = setting(0, "Prometheus metrics on 127.0.0.1 at this port; 0 is off.", min=1024,
+                                   max=65535, zero=True, output=False)
+    adapters: bool = setting(True, "Use the workspace repository's registered LoRA draft adapter.", reload=True)
 
     def update(self, options: dict | None) -> "Settings":
-        """A new Settings with the recognised keys of options applied; raises SettingsError on bad values."""
+        """A new Settings with the recognised keys of options applied; raises SettingsError naming every bad key."""
         if not options:
             return self
         if not isinstance(options, dict):
@@ -51,33 +73,36 @@ class Settings:
         if isinstance(options.get("specdec"), dict):
             options = {**options, **options["specdec"]}
         known = {f.name: f for f in fields(self)}
-        changes = {}
+        changes, errors = {}, []
         for raw_key, value in options.items():
-            key = re.sub(r"(?<!^)(?=[A-Z])", "_", raw_key).lower()
+            key = snake(raw_key)
             if key not in known or value is None:
                 continue
-            changes[key] = _coerce(key, value, getattr(self, key))
+            try:
+                changes[key] = check(known[key], value)
+            except SettingsError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise SettingsError("; ".join(errors))
         new = replace(self, **changes)
         new.validate()
         return new
 
     def validate(self) -> None:
-        from specdec.strategies import STRATEGIES
-
-        if self.strategy not in STRATEGIES:
-            raise SettingsError(f"strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
-        if self.dtype not in DTYPES:
-            raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
-        if self.draft_quant not in DRAFT_QUANT:
-            raise SettingsError(f"draftQuant must be one of {', '.join(DRAFT_QUANT)}, not {self.draft_quant!r}")
-        for name in ("max_new_tokens", "max_draft", "max_prefix_tokens"):
-            if getattr(self, name) < 1:
-                raise SettingsError(f"{name} must be >= 1")
-        if self.debounce_ms < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise SettingsError("debounceMs and temperature must be >= 0 and topP in (0, 1]")
+        """Every field against the schema, then the rules that span fields."""
+        for f in fields(self):
+            check(f, getattr(self, f.name))
+        if not self.target.strip():
+            raise SettingsError("target must be a model spec (hub id, local directory or .gguf), not ''")
+        if self.strategy == "draft" and not self.draft:
+            raise SettingsError("strategy 'draft' needs a draft model: set draft, or use auto or lookup")
 
     def models_differ(self, other: "Settings") -> bool:
-        return any(getattr(self, k) != getattr(other, k) for k in self.MODEL_KEYS)
+        return any(getattr(self, f.name) != getattr(other, f.name) for f in fields(self) if f.metadata["reload"])
+
+    def output_key(self) -> tuple:
+        """The values that can change a suggestion: a cached or typed-ahead one is served only under the same."""
+        return tuple(getattr(self, f.name) for f in fields(self) if f.metadata["output"])
 
     def language_enabled(self, language: str) -> bool:
         return self.enabled and (not self.languages or language in self.languages)
@@ -86,28 +111,91 @@ class Settings:
         return asdict(self)
 
 
-def _coerce(key: str, value, current):
-    try:
-        if isinstance(current, bool):
-            if not isinstance(value, bool):
-                raise TypeError
-            return value
-        if isinstance(current, int):
-            if isinstance(value, bool) or not float(value).is_integer():
-                raise TypeError
-            return int(value)
-        if isinstance(current, float):
-            if isinstance(value, bool):
-                raise TypeError
-            return float(value)
-        if isinstance(current, tuple):
-            if isinstance(value, str):
-                value = [v.strip() for v in value.split(",") if v.strip()]
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise TypeError
-            return tuple(value)
-        if not isinstance(value, str):
-            raise TypeError
+MODEL_KEYS = tuple(f.name for f in fields(Settings) if f.metadata["reload"])  # changing one reloads the models
+
+
+def snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def kind(f: Field) -> type:
+    """The field's Python type, from its default (annotations are strings here)."""
+    return type(f.default)
+
+
+def allowed(f: Field) -> str:
+    """The allowed values of a field, in words, for error messages."""
+    m = f.metadata
+    t = kind(f)
+    if m["choices"] is not None:
+        return "one of " + ", ".join(repr(c) for c in m["choices"])
+    if t is bool:
+        return "true or false"
+    if t is tuple:
+        return "a list of strings"
+    if t is str:
+        return "a string"
+    name = "an integer" if t is int else "a finite number"
+    span = f"{name} in [{m['min']:g}, {m['max']:g}]" if m["min"] is not None else name
+    return f"0 or {span}" if m["zero"] else span
+
+
+def check(f: Field, value):
+    """The value in the field's own type, or SettingsError naming the key and what it allows."""
+    t, m, raw = kind(f), f.metadata, value
+
+    def refuse():
+        return SettingsError(f"{camel(f.name)} must be {allowed(f)}, not {raw!r}")
+
+    if t is bool:
+        if not isinstance(value, bool):
+            raise refuse()
         return value
-    except (TypeError, ValueError):
-        raise SettingsError(f"setting {key} has the wrong type: {value!r}") from None
+    if t is tuple:
+        if isinstance(value, str):  # "python, go" as a convenience for hand-written configs
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise refuse()
+        return tuple(value)
+    if t is str:
+        if not isinstance(value, str) or (m["choices"] is not None and value not in m["choices"]):
+            raise refuse()
+        return value
+    # numbers: never from strings or booleans; JSON may send 32.0 for an integer
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise refuse()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise refuse()
+    if t is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise refuse()
+        value = int(value)
+    else:
+        value = float(value)
+    if m["zero"] and value == 0:
+        return value
+    if (m["min"] is not None and value < m["min"]) or (m["max"] is not None and value > m["max"]):
+        raise refuse()
+    return value
+
+
+JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", tuple: "array"}
+
+
+def schema() -> list[dict]:
+    """Every setting as plain data (key, name, type, default, bounds, choices, doc): for package.json and docs."""
+    rows = []
+    for f in fields(Settings):
+        m = f.metadata
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        assert f.default is not MISSING
+        rows.append({"key": camel(f.name), "name": f.name, "type": JSON_TYPES[kind(f)], "default": default,
+                     "minimum": m["min"], "maximum": m["max"], "zeroAllowed": m["zero"],
+                     "choices": list(m["choices"]) if m["choices"] is not None else None, "doc": m["doc"],
+                     "allowed": allowed(f), "reloadsModels": m["reload"], "affectsOutput": m["output"]})
+    return rows

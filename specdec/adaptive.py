@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from specdec.acceptance import expected_tokens_per_pass
 
+K_LIMIT = 64  # drafted tokens per pass at most, whatever a caller asks: per-step work never grows with a setting
+
 
 @dataclass
 class DraftLength:
@@ -29,10 +31,20 @@ class DraftLength:
         return expected_tokens_per_pass(a, k) / (1 + k * (self.draft_cost + self.verify_slope))
 
     def next_k(self, cap: int) -> int:
-        hi = max(0, min(cap, self.k_max))
+        """The best k in [k_min, min(cap, k_max, K_LIMIT)].
+
+        tokens_per_cost is concave over affine in k, so unimodal: the scan stops past the peak.
+        """
+        hi = max(0, min(cap, self.k_max, K_LIMIT))
         if not self.adaptive or hi <= self.k_min:
             return hi
-        return max(range(self.k_min, hi + 1), key=self.tokens_per_cost)
+        best, best_value = self.k_min, self.tokens_per_cost(self.k_min)
+        for k in range(self.k_min + 1, hi + 1):
+            value = self.tokens_per_cost(k)
+            if value <= best_value:
+                break
+            best, best_value = k, value
+        return best
 
     def value(self, cap: int) -> float:
         """What drafting is worth right now, at the best k: comparable across drafters."""

@@ -77,6 +77,28 @@ def test_unrelated_draft_is_mostly_rejected_and_shrinks(target, unrelated_draft,
     assert draft.length.next_k(8) <= 2  # adaptation made the bad draft cheap
 
 
+def test_draft_length_work_is_bounded_whatever_k_max(monkeypatch):
+    """Issue #30 item 3: maxDraft 1e9 made next_k scan range(1e9) inside one decode step."""
+    from specdec.adaptive import K_LIMIT
+
+    assert DraftLength(k_max=10**9, adaptive=False).next_k(10**9) == K_LIMIT
+    calls = []
+    original = DraftLength.tokens_per_cost
+
+    def counted(self, k):
+        calls.append(k)
+        assert len(calls) <= 2 * K_LIMIT, "next_k does work in proportion to k_max"
+        return original(self, k)
+
+    monkeypatch.setattr(DraftLength, "tokens_per_cost", counted)
+    assert 1 <= DraftLength(k_max=10**9, acceptance=0.999, draft_cost=0.0).next_k(10**9) <= K_LIMIT
+    monkeypatch.setattr(DraftLength, "tokens_per_cost", original)
+    for a in (0.0, 0.2, 0.5, 0.8, 0.95, 0.99, 1.0):  # the early stop finds the same k as a full scan
+        for cost in (0.0, 0.05, 0.4, 2.0):
+            length = DraftLength(k_max=40, acceptance=a, draft_cost=cost)
+            assert length.next_k(40) == max(range(1, 41), key=length.tokens_per_cost), (a, cost)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=st.lists(st.integers(min_value=8, max_value=360), min_size=1, max_size=40),
        kind=st.sampled_from(["same", "unrelated", "lookup", "composite"]),

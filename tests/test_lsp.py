@@ -199,3 +199,71 @@ async def test_model_that_fails_to_load_answers_empty(tmp_path):
     finally:
         await c.shutdown_session()
         await c.stop()
+
+
+def bare_server(tmp_path, monkeypatch):
+    """A server object without a transport: settings handling only, messages collected."""
+    from lsp_server.metrics import MetricsStore
+    from lsp_server.server import SpecdecServer
+
+    server = SpecdecServer(MetricsStore(tmp_path / "m.jsonl"))
+    messages = []
+    monkeypatch.setattr(server, "window_show_message", lambda params: messages.append(params.message))
+    return server, messages
+
+
+def test_an_out_of_range_port_is_refused_and_does_not_poison_later_changes(tmp_path, monkeypatch):
+    """Issue #30 item 4: prometheusPort 70000 raised OverflowError, stayed, and broke every later change."""
+    from lsp_server.settings import Settings
+
+    server, messages = bare_server(tmp_path, monkeypatch)
+    server.apply_settings({"strategy": "plain", "prometheusPort": 70000})
+    assert server.settings == server.service.settings == Settings()
+    assert len(messages) == 1 and "prometheusPort" in messages[0] and "65535" in messages[0]
+    server.apply_settings({"strategy": "lookup"})
+    assert server.settings.strategy == server.service.settings.strategy == "lookup" and len(messages) == 1
+
+
+def test_an_endpoint_that_fails_to_start_applies_nothing(tmp_path, monkeypatch):
+    """Issue #30 item 4: stats said 'plain' while the engine still drafted; now it is all or nothing."""
+    server, messages = bare_server(tmp_path, monkeypatch)
+    commits = []
+    server.host.state = "ready"
+    monkeypatch.setattr(server.host, "reconfigure", lambda settings: lambda: commits.append(settings), raising=False)
+    monkeypatch.setattr(server.host, "apply", lambda settings: commits.append(settings) or True)
+
+    def in_use(port, host="127.0.0.1"):
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(server.metrics, "serve_prometheus", in_use)
+    server.apply_settings({"strategy": "plain", "prometheusPort": 9464})
+    assert server.settings.strategy == "auto" and server.settings.prometheus_port == 0 and commits == []
+    assert "prometheusPort 9464" in messages[-1] and "in use" in messages[-1]
+    server.apply_settings({"strategy": "plain"})
+    assert server.settings.strategy == "plain" and [c.strategy for c in commits] == ["plain"]
+
+
+async def test_switching_strategies_while_completing_answers_every_request(client, tmp_path):
+    """Issue #30 item 6 under the LSP: strategy switches during generations fail no request."""
+    uris = [uri_of(tmp_path, f"race{i}.py") for i in range(3)]
+    for i, uri in enumerate(uris):
+        lc.open_doc(client, uri, f"def add{i}(a, b):\n    \n\nprint(add{i}(1, 2))\n")
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"maxNewTokens": 256, "multiline": True}))
+    strategies = ["plain", "draft", "plain", "lookup", "plain", "auto"]
+    tasks, switches, deadline = [], 0, time.monotonic() + 90
+    for _ in range(6):
+        tasks += [asyncio.ensure_future(lc.inline(client, uri, 1, 4, invoked=True)) for uri in uris]
+        # switch strategies while they generate
+        while not all(t.done() for t in tasks[-len(uris):]) and time.monotonic() < deadline:
+            strategy = strategies[switches % len(strategies)]
+            client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+                settings={"specdec": {"strategy": strategy, "maxDraft": 1 + switches % 6}}))
+            switches += 1
+            await asyncio.sleep(0.02)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    assert all(isinstance(r, types.InlineCompletionList) for r in results)  # every request answered
+    stats = await lc.stats(client)
+    assert stats["scheduler"]["errors"] == 0 and stats["model"]["state"] == "ready", (stats["scheduler"], switches)
+    assert not any(m.type == types.MessageType.Error for m in client.messages)
+    assert len((await lc.inline(client, uris[0], 1, 4, invoked=True)).items) == 1

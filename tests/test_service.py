@@ -164,6 +164,57 @@ def test_settings_camel_case_section_and_validation():
     assert s.update({"unknownKey": 1}) == s
 
 
+@pytest.mark.parametrize("bad, key", [
+    ({"maxDraft": 1e9}, "maxDraft"), ({"maxNewTokens": 1e9}, "maxNewTokens"),  # item 3: unbounded budgets
+    ({"prometheusPort": 70000}, "prometheusPort"), ({"prometheusPort": 80}, "prometheusPort"),  # item 4
+    ({"fimFamily": "gpt"}, "fimFamily"), ({"temperature": float("nan")}, "temperature"),  # item 5
+    ({"temperature": 1e-300}, "temperature"), ({"temperature": float("inf")}, "temperature"),
+    ({"temperature": 99}, "temperature"), ({"topP": 1e-300}, "topP"), ({"topP": 0}, "topP"),
+    ({"maxNewTokens": "16"}, "maxNewTokens"), ({"max_suffix_tokens": -1}, "maxSuffixTokens"),
+    ({"specdec": {"maxSnippetTokens": -1}}, "maxSnippetTokens"), ({"maxDraft": 2.5}, "maxDraft"),
+    ({"debounceMs": True}, "debounceMs"), ({"languages": [1]}, "languages"), ({"target": 3}, "target"),
+    ({"target": ""}, "target"),
+])
+def test_every_bad_value_is_refused_naming_the_key_and_range(bad, key):
+    """Issue #30 items 3-5: one schema refuses each bad value with the key and what it allows."""
+    with pytest.raises(SettingsError, match=key) as caught:
+        Settings().update(bad)
+    assert " must be " in str(caught.value)
+
+
+def test_schema_is_complete_and_defaults_are_valid():
+    from dataclasses import fields
+
+    from lsp_server.settings import schema
+    from specdec.fim import TEMPLATES
+
+    Settings().validate()
+    rows = {row["key"]: row for row in schema()}
+    assert len(rows) == len(fields(Settings))
+    for row in rows.values():
+        assert row["doc"] and row["type"] in ("boolean", "integer", "number", "string", "array"), row
+        if row["type"] in ("integer", "number"):  # every number is bounded
+            assert row["minimum"] is not None and row["maximum"] is not None, row
+    assert rows["fimFamily"]["choices"] == ["", *TEMPLATES]
+    assert rows["temperature"]["zeroAllowed"] and rows["prometheusPort"]["zeroAllowed"]
+    assert {k for k, r in rows.items() if r["reloadsModels"]} == {"target", "draft", "dtype", "draftQuant", "adapters"}
+    good = Settings().update({"temperature": 0, "topP": 1, "prometheusPort": 9464, "maxNewTokens": 32.0,
+                              "maxSuffixTokens": 0, "fimFamily": "starcoder"})
+    assert (good.temperature, good.max_new_tokens, good.fim_family) == (0.0, 32, "starcoder")
+    assert isinstance(good.max_new_tokens, int) and isinstance(good.top_p, float)
+    assert Settings().update({"strategy": "lookup", "draft": ""}).draft == ""
+    with pytest.raises(SettingsError, match="draft"):
+        Settings().update({"strategy": "draft", "draft": ""})  # would fail only at the next load
+
+
+def test_a_refused_change_applies_nothing():
+    s = Settings().update({"maxNewTokens": 32})
+    with pytest.raises(SettingsError) as caught:
+        s.update({"strategy": "plain", "maxNewTokens": 16, "topP": 2, "temperature": -1})
+    assert "topP" in str(caught.value) and "temperature" in str(caught.value)
+    assert s.strategy == "auto" and s.max_new_tokens == 32
+
+
 async def test_identical_concurrent_requests_share_one_generation(tmp_path):
     """An editor's completion and inline requests at one position must not cancel each other."""
     svc = service(tmp_path)
@@ -231,3 +282,116 @@ async def test_closed_documents_leave_nothing_behind_and_open_ones_are_bounded(t
     for n in range(MAX_DOCUMENTS + 20):
         await svc.complete(request(prefix=body + f"def g{n}():\n    ", uri=f"file:///w/{n}.py"))
     assert len(svc.last) == MAX_DOCUMENTS and "file:///w/0.py" not in svc.last  # the least recent went first
+
+
+@pytest.mark.parametrize("change", [{"topP": 0.5, "temperature": 0.7}, {"maxPrefixTokens": 256},
+                                    {"maxSuffixTokens": 16}, {"fimFamily": "qwen"}, {"maxDraft": 4},
+                                    {"strategy": "plain"}, {"multiline": False}, {"maxSnippetTokens": 8}])
+async def test_a_changed_setting_never_serves_a_suggestion_made_under_the_old_one(tmp_path, change):
+    """Issue #30 item 7: the cache key left out topP, maxPrefixTokens, maxSuffixTokens, fimFamily; type-ahead
+    state survived a settings change."""
+    svc = service(tmp_path)
+    assert (await svc.complete(request())).source == "model"
+    svc.settings = svc.settings.update(change)
+    assert (await svc.complete(request())).source == "model"  # not the old cache entry
+    assert (await svc.complete(request(prefix="def add(a, b):\n    ret"))).source == "typeahead"
+    svc.settings = Settings().update({"debounce_ms": 0})  # back to the first settings: type-ahead is gone
+    assert (await svc.complete(request(prefix="def add(a, b):\n    ret"))).source == "model"
+    assert len(svc.host.calls) == 3
+
+
+async def test_settings_that_cannot_change_output_keep_cache_and_typeahead(tmp_path):
+    svc = service(tmp_path)
+    await svc.complete(request())
+    svc.settings = svc.settings.update({"debounceMs": 0, "prometheusPort": 0, "languages": ["python"]})
+    assert (await svc.complete(request())).source == "cache"
+    assert (await svc.complete(request(prefix="def add(a, b):\n    ret"))).source == "typeahead"
+
+
+async def test_a_generation_finishing_after_a_settings_change_leaves_no_typeahead(tmp_path):
+    svc = service(tmp_path, FakeHost(step=0.01))
+    running = asyncio.ensure_future(svc.complete(request()))
+    await asyncio.sleep(0.05)
+    svc.settings = svc.settings.update({"maxNewTokens": 8})
+    assert (await running).source == "model"  # made under the old settings: its own request gets it
+    assert (await svc.complete(request(prefix="def add(a, b):\n    ret"))).source == "model"
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    import tiny
+
+    root = tmp_path_factory.mktemp("models")
+    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+
+
+def loaded_host(tiny_pair, **options):
+    from lsp_server.service import ModelHost
+
+    host = ModelHost()
+    settings = Settings().update({"target": str(tiny_pair[0]), "draft": str(tiny_pair[1]), "dtype": "fp32",
+                                  "adapters": False, **options})
+    host.load(settings)
+    assert host.state == "ready", host.error
+    return host, settings
+
+
+def test_reconfiguration_waits_for_the_running_generation(tiny_pair):
+    """Issue #30 item 6: apply() swapped session.drafter under a running generation ('NoneType' ... 'observe')."""
+    import threading
+
+    from specdec.engine import GenerationConfig
+
+    host, settings = loaded_host(tiny_pair, strategy="draft")
+    session = host.completer.session
+    drafter = session.drafter
+    started, go = threading.Event(), threading.Event()
+
+    def stop(text):  # runs in the worker between decode steps: hold the generation there
+        started.set()
+        go.wait(10)
+        return None
+
+    job = host.executor.submit(host.completer.complete, "def add(a, b):\n    ", "\n", GenerationConfig(24), None,
+                               stop)
+    assert started.wait(10)
+    changed = settings.update({"strategy": "plain", "fimFamily": "starcoder", "maxSuffixTokens": 8})
+    assert host.apply(changed)
+    assert host.apply(changed.update({"maxPrefixTokens": 256}))  # builds on the change still queued
+    assert session.drafter is drafter and host.completer.max_suffix_tokens == 64  # not under the generation
+    go.set()
+    result = job.result(10)
+    assert result.stop_reason in ("max_tokens", "eos") and result.stats.drafted > 0
+    host.executor.submit(lambda: None).result(10)  # the swaps were queued behind it
+    assert session.drafter is None and session.strategy == "plain" and host.completer.template.family == "starcoder"
+    assert (host.completer.max_suffix_tokens, host.completer.max_prefix_tokens) == (8, 256)
+
+
+def test_a_valid_fim_family_change_rebuilds_the_template(tiny_pair):
+    """Issue #30 item 5: a runtime fimFamily change was ignored."""
+    from specdec import fim
+
+    host, settings = loaded_host(tiny_pair)
+    assert host.completer.template.family == "qwen"
+    assert host.apply(settings.update({"fimFamily": "starcoder"}))
+    host.executor.submit(lambda: None).result(10)
+    assert host.completer.template is fim.TEMPLATES["starcoder"]
+    assert host.apply(settings.update({"fimFamily": ""}))
+    host.executor.submit(lambda: None).result(10)
+    assert host.completer.template is fim.TEMPLATES["qwen"]  # detected again
+
+
+@pytest.mark.parametrize("error", [ImportError("No module named 'torch'"), KeyError("weight"), ValueError("bad")])
+def test_a_load_that_raises_anything_ends_failed(tmp_path, monkeypatch, error):
+    """Issue #30 item 6: a load thread raising e.g. ImportError stayed in 'loading' forever."""
+    from lsp_server.service import ModelHost
+    from specdec import models
+
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(models, "ensure_local", lambda spec, progress: None)
+    monkeypatch.setattr(models, "load_pair", broken)
+    host = ModelHost()
+    host.load(Settings().update({"target": str(tmp_path), "draft": ""}))
+    assert host.state == "failed" and type(error).__name__ in host.error and not host.ready
