@@ -96,9 +96,10 @@ class FrameParser:
         if length == 0:
             return Discarded(b"", "Content-Length 0")
         if length > self.max_body:
-            # not skipped by count (a lie about the length would eat the next frames): resync on a header
-            self._garbage = True
-            return Discarded(bytes(buf[:KEEP]), f"frame of {length} bytes refused (limit {self.max_body})")
+            # not skipped by count (a lie about the length would eat the next frames): resync on a header;
+            # if its body has not arrived yet, the first skip of it is reported too, to recover its id
+            self._garbage = bool(buf)
+            return Discarded(self._head(len(buf)), f"frame of {length} bytes refused (limit {self.max_body})")
         self._length, self._scanned = length, 0
         return self._body()
 
@@ -123,6 +124,12 @@ class FrameParser:
     def _drop(self, count: int, reason: str) -> Discarded:
         """Skip bytes; the first drop of a run is reported, with the bytes' start to recover an id from."""
         quiet, self._garbage = self._garbage, True
-        data = b"" if quiet else bytes(self._buffer[: min(count, KEEP)])
+        data = b"" if quiet else self._head(count)
         del self._buffer[:count]
         return Discarded(data, "" if quiet else reason)
+
+    def _head(self, count: int) -> bytes:
+        """The start of bytes about to be skipped, up to any header in them (the next frame's id is not theirs)."""
+        data = bytes(self._buffer[: min(count, KEEP)])
+        header = HEADER_START.search(data)
+        return data[: header.start()] if header else data

@@ -37,15 +37,37 @@ CHUNK = 65536
 
 
 def recover_id(data: bytes) -> int | str | None:
-    """Best effort: the id of a request whose body could not be parsed, so it can still be answered."""
-    match = ID_PATTERN.search(data[:65536])
-    if match is None:
-        return None
-    try:
-        value = json.loads(match.group(1))
-    except ValueError:
-        return None
-    return value if isinstance(value, (int, str)) else None
+    """Best effort: the top-level id of a request whose body could not be parsed, so it can still be answered."""
+    data = data[:65536]
+    for match in ID_PATTERN.finditer(data):
+        if depth(data[: match.start()]) != 1:
+            continue  # an "id" inside params ($/cancelRequest's) is not the message's
+        try:
+            value = json.loads(match.group(1))
+        except ValueError:
+            return None
+        return value if isinstance(value, (int, str)) else None
+    return None
+
+
+def depth(prefix: bytes) -> int:
+    """Nesting of JSON objects and arrays at the end of prefix, outside strings."""
+    level, in_string, escaped = 0, False, False
+    for byte in prefix:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x7B, 0x5B):
+            level += 1
+        elif byte in (0x7D, 0x5D):
+            level -= 1
+    return level
 
 
 def valid_id(value: Any) -> bool:
@@ -154,7 +176,7 @@ class Dispatcher:
             return
         if method is None:
             if not has_id or ("result" not in value and "error" not in value):
-                self.error(None, INVALID_REQUEST, "neither a request, a notification nor a response")
+                self.error(reply_id, INVALID_REQUEST, "neither a request, a notification nor a response")
                 return
         elif not self.admit(method, reply_id):
             return
@@ -210,6 +232,8 @@ class Dispatcher:
                 kind = protocol._result_types.pop(value["id"], None) or JsonRPCResponseMessage
         else:
             kind = protocol.get_message_type(method) or JsonRPCNotification
+        if kind in (JsonRPCRequestMessage, JsonRPCNotification) and "params" not in value:
+            value = {**value, "params": None}  # optional in JSON-RPC, required by pygls' fallback types
         return protocol._converter.structure(value, kind)
 
     @staticmethod

@@ -72,11 +72,18 @@ def test_a_body_longer_than_its_json_value_can_be_unread():
 
 def test_huge_frame_is_skipped_without_buffering_it():
     parser = FrameParser(max_body=1000)
-    found = events(b"Content-Length: 5000\r\n\r\n", *[b"x" * 500] * 10, frame(GOOD), parser=parser)
+    found = events(b"Content-Length: 5000\r\n\r\n" + b"x" * 500, *[b"x" * 500] * 9, frame(GOOD), parser=parser)
     assert bodies(found) == [GOOD]
     reported = [e for e in found if isinstance(e, Discarded) and e.reason]
     assert len(reported) == 1 and "refused" in reported[0].reason  # one log line, not one a chunk
     assert parser.buffered == 0
+
+
+def test_a_huge_frame_whose_body_comes_later_still_reports_its_start():
+    parser = FrameParser(max_body=1000)
+    found = events(b"Content-Length: 5000\r\n\r\n", GOOD + b"x" * 2000, frame(GOOD), parser=parser)
+    assert bodies(found) == [GOOD]
+    assert any(e.data.startswith(GOOD[:20]) for e in found if isinstance(e, Discarded))  # to answer its id
 
 
 def test_garbage_without_headers_is_bounded():
