@@ -190,6 +190,15 @@ def test_bad_frames_over_stdio_are_answered_and_the_server_keeps_serving(server)
         assert "result" in server.reply(f"after-{name}"), name
         reply = server.reply(1000)  # the bad frame's own request: answered (an error, or read anyway)
         assert "result" in reply or reply["error"]["code"] == -32700, name
+    # requests whose params or envelope do not parse, a batch, invalid UTF-8: answered, not dropped
+    for message, reply_id, code in BAD_REQUESTS:
+        server.send(message)
+        if reply_id is not None:
+            assert server.reply(reply_id)["error"]["code"] == code, message
+    server.write(rc.frame(b'{"jsonrpc": "2.0", "id": "utf8", "method": "specdec/stats", "params": {"x": "\xff"}}'))
+    assert server.reply("utf8")["error"]["code"] == -32700
+    assert server.call("alive", "specdec/stats", {})["result"]
+    assert len(server.nulls) == sum(1 for _, reply_id, _ in BAD_REQUESTS if reply_id is None)  # id null replies
     assert completes(server, "last")
     assert server.process.poll() is None
     assert "MemoryError" not in server.stderr() and "Traceback" not in server.stderr()
