@@ -9,6 +9,7 @@ break) cannot occur inside valid JSON, so a header seen inside a body means the 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -62,6 +63,26 @@ class FrameParser:
     @property
     def buffered(self) -> int:
         return len(self._buffer)
+
+    @property
+    def mid_body(self) -> bool:
+        return self._length is not None and bool(self._buffer)
+
+    def stalled(self) -> Body | None:
+        """No bytes came for a while mid-body: if what came is a whole JSON value, the length was too long.
+
+        A cut-off value is left waiting: the next frame's header will end it (see `_body`).
+        """
+        if not self.mid_body:
+            return None
+        try:
+            json.loads(self._buffer)
+        except ValueError:
+            return None
+        data, length = bytes(self._buffer), self._length
+        self._buffer.clear()
+        self._length, self._garbage = None, True  # should the rest still come, it is skipped quietly
+        return Body(data, f"{len(data)} of {length} bytes came, then nothing")
 
     def next_event(self) -> Body | Discarded | None:
         if self._length is not None:

@@ -34,6 +34,7 @@ INTERNAL_ERROR = -32603
 SERVER_NOT_INITIALIZED = -32002
 ID_PATTERN = re.compile(rb'"id"\s*:\s*(-?\d{1,19}(?![\d.eE])|"(?:[^"\\\r\n]|\\.){0,256}")')
 CHUNK = 65536
+STALL_SECONDS = 1.0  # mid-frame silence after which a body that is already whole JSON is read
 
 
 def recover_id(data: bytes) -> int | str | None:
@@ -261,7 +262,19 @@ def finish(server, code: int) -> None:
 
 async def pump(dispatcher: Dispatcher, read: Callable[[], Any]) -> None:
     """Feed chunks from `read` (awaitable bytes, b"" at the end); at the end, exit as LSP says."""
-    while chunk := await read():
+    while True:
+        if dispatcher.parser.mid_body:  # a client that overstated a length waits for a reply, not us
+            try:
+                chunk = await asyncio.wait_for(read(), STALL_SECONDS)
+            except asyncio.TimeoutError:
+                if (event := dispatcher.parser.stalled()) is not None:
+                    dispatcher.body(event.data, event.problem)
+                    dispatcher.feed(b"")
+                continue
+        else:
+            chunk = await read()
+        if not chunk:
+            break
         dispatcher.feed(chunk)
     log.info("the client closed the stream%s", "" if dispatcher.protocol._shutdown else " without shutdown")
     dispatcher.on_exit(dispatcher.exit_code())

@@ -99,3 +99,13 @@ def test_a_body_split_across_reads_waits_for_the_rest():
     parser = FrameParser()
     assert events(data[:30], parser=parser) == []
     assert bodies(events(data[30:], parser=parser)) == [GOOD]
+
+
+def test_a_stalled_body_is_read_only_when_it_is_whole_json():
+    parser = FrameParser()
+    assert events(frame(GOOD, len(GOOD) + 10), parser=parser) == [] and parser.mid_body
+    assert parser.stalled() == Body(GOOD, f"{len(GOOD)} of {len(GOOD) + 10} bytes came, then nothing")
+    assert bodies(events(frame(GOOD), parser=parser)) == [GOOD] and parser.buffered == 0
+    events(frame(GOOD[:30], len(GOOD)), parser=parser)
+    assert parser.stalled() is None and parser.mid_body  # cut-off JSON waits for the next header
+    assert bodies(events(frame(GOOD), parser=parser)) == [GOOD[:30], GOOD]

@@ -190,6 +190,9 @@ def test_bad_frames_over_stdio_are_answered_and_the_server_keeps_serving(server)
         assert "result" in server.reply(f"after-{name}"), name
         reply = server.reply(1000)  # the bad frame's own request: answered (an error, or read anyway)
         assert "result" in reply or reply["error"]["code"] == -32700, name
+    # a frame whose length was overstated, and then nothing: the client waits for its reply, so do not
+    server.write(FRAMING["10-long"])
+    assert "result" in server.reply(1000, timeout=5)
     # requests whose params or envelope do not parse, a batch, invalid UTF-8: answered, not dropped
     for message, reply_id, code in BAD_REQUESTS:
         server.send(message)
