@@ -4,8 +4,8 @@ pygls' own loop drops what it cannot parse without a word: a request whose param
 structure, a batch, invalid UTF-8 or JSON get no reply, and a bad frame deafens it (see
 framing.py). Here every request with an id gets an answer (ParseError, InvalidRequest,
 InvalidParams, ServerNotInitialized), bad input gets one log line, and well-formed messages go
-to pygls' `handle_message` unchanged. `exit` ends the process at once with LSP's exit code:
-replies still owed are moot and a generation in flight must not keep the process alive.
+to pygls' `handle_message` unchanged. `exit` (any params) ends the process at once with LSP's exit
+code: replies still owed are moot and a generation in flight must not keep the process alive.
 """
 
 from __future__ import annotations
@@ -119,10 +119,13 @@ class Dispatcher:
     def feed(self, data: bytes) -> None:
         self.parser.feed(data)
         while (event := self.parser.next_event()) is not None:
-            if isinstance(event, Body):
-                self.body(event.data, event.problem)
-            else:
-                self.discarded(event)
+            try:
+                if isinstance(event, Body):
+                    self.body(event.data, event.problem)
+                else:
+                    self.discarded(event)
+            except Exception:  # a bug here must cost one message, not the server
+                log.exception("internal error handling a frame; continuing with the next")
 
     def discarded(self, event: Discarded) -> None:
         if not event.reason:
@@ -179,6 +182,9 @@ class Dispatcher:
             if not has_id or ("result" not in value and "error" not in value):
                 self.error(reply_id, INVALID_REQUEST, "neither a request, a notification nor a response")
                 return
+        elif method == types.EXIT:  # whatever its params: the client wants the process gone
+            self.on_exit(self.exit_code())
+            return
         elif not self.admit(method, reply_id):
             return
         try:
@@ -193,8 +199,6 @@ class Dispatcher:
             self.initialized = True
         try:
             self.protocol.handle_message(message)
-        except SystemExit as exc:  # pygls' `exit` handler
-            self.on_exit(exc.code if isinstance(exc.code, int) else self.exit_code())
         except Exception as exc:  # pygls answers handler errors itself; this is its own failure
             if reply_id is None:
                 log.error("%s failed: %s", method or "response", exc)
@@ -203,8 +207,6 @@ class Dispatcher:
 
     def admit(self, method: str, reply_id) -> bool:
         """LSP's lifecycle rules, which pygls leaves to the server (it drops requests after shutdown silently)."""
-        if method == types.EXIT:
-            return True
         if self.protocol._shutdown:
             if reply_id is not None:
                 self.error(reply_id, INVALID_REQUEST, f"{method}: the server is shutting down")

@@ -128,7 +128,7 @@ async def test_lifecycle_requests_are_answered(wire):
 
 async def test_exit_without_shutdown_reports_1(wire):
     await initialize(wire)
-    wire.feed(rc.frame(rc.notification("exit")))
+    wire.feed(rc.frame(rc.notification("exit", [])))  # params that do not parse do not keep it alive
     assert wire.exits == [1]
 
 
