@@ -15,12 +15,14 @@ from dataclasses import dataclass
 
 MAX_BODY = 64 * 1024 * 1024  # a frame announcing more is refused and skipped
 MAX_HEADER = 8192  # a header block longer than this is garbage
+KEEP = 4096  # bytes of discarded data kept for recovering an id
 HEADER_START = re.compile(rb"content-length[ \t]*:", re.IGNORECASE)
 # a complete header block: Content-Length first or after other header lines, ended by an empty line
 HEADER_BLOCK = re.compile(rb"content-length[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r?\n(?:[^\r\n]+\r?\n)*?\r?\n", re.IGNORECASE)
-# the same as a strong signal inside a body: a number and a real line break
+# other header lines (Content-Type) before ours; and the same still arriving (no backtracking blow-up)
 OTHER_HEADERS = re.compile(rb"(?:[A-Za-z][A-Za-z0-9-]*[ \t]*:[^\r\n]*\r?\n)+")
-PARTIAL_HEADERS = re.compile(rb"(?:[A-Za-z][A-Za-z0-9-]*(?:[ \t]*:[^\r\n]*)?\r?\n?)+")
+PARTIAL_HEADERS = re.compile(rb"(?:[A-Za-z][A-Za-z0-9-]*[ \t]*:[^\r\n]*\r?\n)*(?:[A-Za-z][A-Za-z0-9-]*(?:[ \t]*:[^\r\n]*\r?)?)?")
+# Content-Length with a number and a real line break: cannot occur inside valid JSON
 HEADER_IN_BODY = re.compile(rb"content-length[ \t]*:[ \t]*\d+[ \t]*\r?\n", re.IGNORECASE)
 
 
@@ -38,9 +40,6 @@ class Discarded:
 
     data: bytes  # at most the first few KB: enough to recover a request id
     reason: str  # "" for the rest of a run of skipped bytes, already reported
-
-
-KEEP = 4096  # bytes of discarded data kept for recovering an id
 
 
 class FrameParser:

@@ -109,3 +109,14 @@ def test_a_stalled_body_is_read_only_when_it_is_whole_json():
     events(frame(GOOD[:30], len(GOOD)), parser=parser)
     assert parser.stalled() is None and parser.mid_body  # cut-off JSON waits for the next header
     assert bodies(events(frame(GOOD), parser=parser)) == [GOOD[:30], GOOD]
+
+
+def test_header_patterns_do_not_backtrack_on_garbage():
+    import time
+
+    parser = FrameParser()
+    start = time.perf_counter()
+    for junk in (b"a" * 8000 + b"!", b"a:" * 4000 + b"\x00", b"Content-Type: " + b"a" * 8000):
+        events(junk, parser=parser)
+    assert time.perf_counter() - start < 1
+    assert bodies(events(frame(GOOD), parser=parser)) == [GOOD]

@@ -184,7 +184,7 @@ FRAMING = {  # issue #30 item 8: each left pygls alive but deaf (or dead, for th
 
 
 def test_bad_frames_over_stdio_are_answered_and_the_server_keeps_serving(server):
-    for n, (name, raw) in enumerate(FRAMING.items()):
+    for name, raw in FRAMING.items():
         server.write(raw)
         server.send(rc.request(f"after-{name}", "specdec/stats", {}))
         assert "result" in server.reply(f"after-{name}"), name
