@@ -168,8 +168,13 @@ class Dispatcher:
             self.error(None, INVALID_REQUEST, f"a message is a JSON object, not {type(value).__name__}")
             return
         has_id, msg_id, method = "id" in value, value.get("id"), value.get("method")
-        if has_id and not valid_id(msg_id) and not (msg_id is None and "method" not in value):
-            self.error(None, INVALID_REQUEST, f"id must be an integer or a string, not {json.dumps(msg_id)[:40]}")
+        response = method is None and ("result" in value or "error" in value)
+        if has_id and not valid_id(msg_id) and not (msg_id is None and response):
+            why = f"id must be an integer or a string, not {json.dumps(msg_id)[:40]}"
+            if response:  # a reply is never answered
+                log.error("bad message: a response's %s", why)
+            else:
+                self.error(None, INVALID_REQUEST, why)
             return
         reply_id = msg_id if has_id and "result" not in value and "error" not in value else None
         if value.get("jsonrpc") != "2.0":
@@ -179,7 +184,7 @@ class Dispatcher:
             self.error(reply_id, INVALID_REQUEST, "method must be a string")
             return
         if method is None:
-            if not has_id or ("result" not in value and "error" not in value):
+            if not (has_id and response):
                 self.error(reply_id, INVALID_REQUEST, "neither a request, a notification nor a response")
                 return
         elif method == types.EXIT:  # whatever its params: the client wants the process gone

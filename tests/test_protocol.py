@@ -107,6 +107,14 @@ async def test_unparseable_bodies_are_answered(wire, raw, reply_id, code):
     assert reply["id"] == reply_id and reply["error"]["code"] == code
 
 
+async def test_responses_are_never_answered(wire):
+    await initialize(wire)
+    for response in ({"jsonrpc": "2.0", "id": {"o": 1}, "result": None}, {"jsonrpc": "2.0", "id": 77, "result": 1},
+                     {"jsonrpc": "2.0", "id": None, "error": {"code": 1, "message": "x"}}):
+        wire.feed(rc.frame(response))
+    assert wire.capture.replies() == []
+
+
 async def test_a_batch_gets_an_error_for_each_request(wire):
     await initialize(wire)
     wire.feed(rc.frame([rc.request(1, "specdec/stats", {}), rc.request("two", "specdec/stats", {}),
