@@ -12,17 +12,16 @@ def cmd_serve(args) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_level != "debug":
         logging.getLogger("pygls").setLevel(logging.WARNING)  # it logs every message at INFO
+    from lsp_server import transport
     from lsp_server.server import create_server
 
     server = create_server()
-    if args.tcp:
+    if args.tcp:  # our reader, not pygls' start_tcp/start_io: see lsp_server/transport.py
         host, _, port = args.tcp.rpartition(":")
         if not port.isdigit():
             raise SpecdecError(f"--tcp wants HOST:PORT or PORT, got {args.tcp!r}")
-        server.start_tcp(host or "127.0.0.1", int(port))
-    else:
-        server.start_io()
-    return 0
+        return transport.serve_tcp(server, host or "127.0.0.1", int(port))
+    return transport.serve_stdio(server)
 
 
 def cmd_stats(args) -> int:

@@ -1,0 +1,106 @@
+"""A byte-level LSP client for `specdec serve`: writes arbitrary (broken) frames, reads replies by id."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+
+
+def frame(message) -> bytes:
+    body = message if isinstance(message, bytes) else json.dumps(message).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def request(msg_id, method: str, params=None) -> dict:
+    return {"jsonrpc": "2.0", "id": msg_id, "method": method, **({} if params is None else {"params": params})}
+
+
+def notification(method: str, params=None) -> dict:
+    return {"jsonrpc": "2.0", "method": method, **({} if params is None else {"params": params})}
+
+
+class RawServer:
+    """`specdec serve` over stdio; a thread parses well-formed replies from its stdout into a queue."""
+
+    def __init__(self, tmp_path, args=(), stderr_path=None):
+        env = {**os.environ, "SPECDEC_STATE_DIR": str(tmp_path / "state"), "SPECDEC_DATA_DIR": str(tmp_path / "data"),
+               "SPECDEC_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+        self.stderr_path = stderr_path or tmp_path / "server-stderr.txt"
+        self.process = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", *args], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=open(self.stderr_path, "wb"), env=env)
+        self.replies: dict = {}  # id -> reply
+        self.nulls: list[dict] = []  # error replies with id null
+        self._inbox: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        out = self.process.stdout
+        while True:
+            header = b""
+            while not header.endswith(b"\r\n\r\n"):
+                byte = out.read(1)
+                if not byte:
+                    return
+                header += byte
+            length = int(re.search(rb"Content-Length: (\d+)", header).group(1))
+            self._inbox.put(json.loads(out.read(length)))
+
+    def write(self, data: bytes) -> None:
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def send(self, message) -> None:
+        self.write(frame(message))
+
+    def _drain(self, timeout: float) -> bool:
+        try:
+            message = self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        if "method" in message:  # a request or notification from the server
+            if "id" in message:  # window/workDoneProgress/create and the like: say yes
+                self.send({"jsonrpc": "2.0", "id": message["id"], "result": None})
+        elif message.get("id") is None:
+            self.nulls.append(message)
+        else:
+            self.replies[message["id"]] = message
+        return True
+
+    def reply(self, msg_id, timeout: float = 10) -> dict:
+        deadline = time.monotonic() + timeout
+        while msg_id not in self.replies:
+            left = deadline - time.monotonic()
+            if left <= 0 or (not self._drain(left) and self.process.poll() is not None):
+                raise TimeoutError(f"no reply to id {msg_id!r}; server exit code {self.process.poll()}")
+        return self.replies.pop(msg_id)
+
+    def call(self, msg_id, method: str, params=None, timeout: float = 10) -> dict:
+        self.send(request(msg_id, method, params))
+        return self.reply(msg_id, timeout)
+
+    def initialize(self, options: dict, wait_ready: bool = True) -> dict:
+        result = self.call("init", "initialize", {"processId": None, "rootUri": None, "capabilities": {},
+                                                  "initializationOptions": options})
+        self.send(notification("initialized", {}))
+        deadline = time.monotonic() + 60
+        while wait_ready and time.monotonic() < deadline:
+            state = self.call("ready?", "specdec/stats", {})["result"]["model"]["state"]
+            if state in ("ready", "failed"):
+                assert state == "ready"
+                break
+            time.sleep(0.1)
+        return result
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
