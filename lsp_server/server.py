@@ -44,14 +44,34 @@ def units(char: str, encoding: str) -> int:
     return 2 if ord(char) > 0xFFFF else 1
 
 
-def cursor_offset(source: str, position: types.Position, encoding: str) -> int:
-    """Index into source for an LSP position, clamped to the line's end and the file's end."""
-    start = 0
-    for _ in range(max(0, position.line)):
+def line_start(source: str, line: int) -> int:
+    """Offset where 0-based `line` starts, or -1 past the last line.
+
+    Lines are skipped a chunk at a time with str.count (C speed), narrowing the chunk as
+    the target nears: a cursor a million lines into a document costs milliseconds on the
+    event loop instead of a Python loop over every line.
+    """
+    start, left = 0, line
+    for chunk in (1 << 20, 1 << 16, 1 << 12):
+        while left:
+            count = source.count("\n", start, start + chunk)
+            if count >= left or start + chunk >= len(source):
+                break
+            left -= count
+            start += chunk
+    for _ in range(left):
         newline = source.find("\n", start)
         if newline < 0:
-            return len(source)
+            return -1
         start = newline + 1
+    return start
+
+
+def cursor_offset(source: str, position: types.Position, encoding: str) -> int:
+    """Index into source for an LSP position, clamped to the line's end and the file's end."""
+    start = line_start(source, max(0, position.line))
+    if start < 0:
+        return len(source)
     end = source.find("\n", start)
     end = len(source) if end < 0 else end
     if end > start and source[end - 1] == "\r":

@@ -4,9 +4,11 @@ trimming and item, applied to the document as an editor applies an inline comple
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lsprotocol import types
 
-from lsp_server.server import SUFFIX_WINDOW, create_server, inline_item, window
+from lsp_server.server import SUFFIX_WINDOW, create_server, inline_item, line_start, window
 from lsp_server.service import ModelHost
 from lsp_server.settings import Settings
 from specdec.engine import CancelToken, Generation, GenerationStats
@@ -114,3 +116,19 @@ def test_huge_document_window_is_bounded_and_stable_while_typing():
         assert prefix.endswith("z" * typed) and len(prefix) <= 256_000
         starts.add(len(document) - len(prefix))
     assert len(starts) == 1  # the window's start (and the prompt's) stays put while the user types
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.lists(st.sampled_from(["a", "\n", "bb", "\n\n", "x" * 5000, "y" * 70_000]), max_size=60),
+       extra=st.integers(min_value=-2, max_value=3))
+def test_line_start_skips_lines_in_chunks_exactly_as_one_by_one(pieces, extra):
+    """The event loop finds a cursor a million lines down in milliseconds; the answer is the plain loop's."""
+    text = "".join(pieces)
+    for line in {0, 1, max(0, text.count("\n") + extra), text.count("\n") // 2}:
+        start = 0
+        for _ in range(line):
+            newline = text.find("\n", start)
+            start = -1 if newline < 0 else newline + 1
+            if start < 0:
+                break
+        assert line_start(text, line) == start
