@@ -49,7 +49,8 @@ class Settings:
                                 "draft": "The draft model drafts (needs a draft).",
                                 "lookup": "Prompt lookup drafts: repeats of the text around the cursor.",
                                 "auto": "Prompt lookup when it finds a repeat, otherwise the draft model."})
-    dtype: str = setting("auto", "Target precision: auto is bf16 where the device computes it natively, else fp32.",
+    dtype: str = setting("auto", "Target precision: auto is bf16 where the device computes it natively "
+                         "(GPUs, CPUs with AVX512-BF16 or AMX), else fp32.",
                          choices=DTYPES, reload=True)
     draft_quant: str = setting("int8", "Draft model quantization.", choices=DRAFT_QUANT, reload=True)
     max_new_tokens: int = setting(64, "Tokens per completion at most.", min=1, max=1024)
@@ -60,7 +61,8 @@ class Settings:
                                output=False)
     languages: tuple[str, ...] = setting((), "Language ids to complete; empty for every language.", output=False)
     enabled: bool = setting(True, "Show completions.", output=False)
-    fim_family: str = setting("", "Fill-in-the-middle prompt format; empty to detect it from the tokenizer.",
+    fim_family: str = setting("", "Fill-in-the-middle prompt format; empty to detect it from the tokenizer. "
+                              "A change rebuilds the prompt without a reload.",
                               choices=FIM_FAMILIES, choice_docs={"": "Detect it from the tokenizer."})
     max_prefix_tokens: int = setting(1024, "Prompt tokens before the cursor at most.", min=16, max=32768)
     # PSM re-prefills the suffix on every keystroke: short keeps reuse >= 90%
@@ -69,10 +71,11 @@ class Settings:
     snippets_from_open_files: bool = setting(True, "Put the heads of other open files of the language in the prompt.")
     max_snippet_tokens: int = setting(256, "Tokens of other open files in the prompt at most.", min=0, max=4096)
     multiline: bool = setting(True, "Allow multi-line completions.")
-    prometheus_port: int = setting(0, "Prometheus metrics on 127.0.0.1 at this port; 0 is off; once it serves, "
-                                      "a new port takes effect at restart.", min=1024,
-                                   max=65535, zero=True, output=False)
-    adapters: bool = setting(True, "Use the workspace repository's registered LoRA draft adapter.", reload=True)
+    prometheus_port: int = setting(0, "Prometheus metrics on 127.0.0.1 at this port; 0 is off. A port that cannot "
+                                   "be bound refuses the change; once it serves, a new port takes effect at restart.",
+                                   min=1024, max=65535, zero=True, output=False)
+    adapters: bool = setting(True, "Use the workspace repository's LoRA draft adapter that `specdec finetune` "
+                             "registered.", reload=True)
 
     def update(self, options: dict | None) -> "Settings":
         """A new Settings with the recognised keys of options applied; raises SettingsError naming every bad key."""
