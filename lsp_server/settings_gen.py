@@ -135,7 +135,8 @@ def stale(root: Path = ROOT) -> list[str]:
     for path, text in wanted(root).items():
         old = path.read_text() if path.exists() else ""
         if old != text:
-            changed = sum(1 for line in difflib.ndiff(old.splitlines(), text.splitlines()) if line.startswith(("+ ", "- ")))
+            diff = difflib.ndiff(old.splitlines(), text.splitlines())
+            changed = sum(1 for line in diff if line.startswith(("+ ", "- ")))
             out.append(f"{path.relative_to(root)} ({changed} lines differ)")
     return out
 
