@@ -27,10 +27,14 @@ class SettingsError(ValueError):
 
 
 def setting(default, doc: str, *, min: float | None = None, max: float | None = None,
-            choices: tuple | None = None, zero: bool = False, reload: bool = False, output: bool = True) -> Field:
-    """A settings field. zero: 0 is allowed besides [min, max] (off / greedy); reload: changing it reloads the
-    models; output: it can change a suggestion's text, so it is part of the completion cache key."""
-    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "zero": zero, "reload": reload, "output": output}
+            choices: tuple | None = None, choice_docs: dict[str, str] | None = None, zero: bool = False,
+            reload: bool = False, output: bool = True) -> Field:
+    """A settings field. choice_docs: a few words for some choices (editors show them in their pickers; "" needs
+    one); zero: 0 is allowed besides [min, max] (off / greedy); reload: changing it reloads the models; output: it
+    can change a suggestion's text, so it is part of the completion cache key."""
+    assert not choice_docs or set(choice_docs) <= set(choices or ()), choice_docs
+    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "choice_docs": choice_docs or {}, "zero": zero,
+            "reload": reload, "output": output}
     return field(default=default, metadata=meta)
 
 
@@ -40,8 +44,13 @@ class Settings:
     draft: str = setting(DEFAULT_DRAFT, "Draft model: hub id, local directory or .gguf; empty for none.",
                          reload=True)
     strategy: str = setting("auto", "Speculation strategy: auto is prompt lookup, then the draft model.",
-                            choices=STRATEGIES)
-    dtype: str = setting("auto", "Target precision: auto is bf16 where the device computes it natively, else fp32.",
+                            choices=STRATEGIES, choice_docs={
+                                "plain": "No drafter: one target pass per token.",
+                                "draft": "The draft model drafts (needs a draft).",
+                                "lookup": "Prompt lookup drafts: repeats of the text around the cursor.",
+                                "auto": "Prompt lookup when it finds a repeat, otherwise the draft model."})
+    dtype: str = setting("auto", "Target precision: auto is bf16 where the device computes it natively "
+                         "(GPUs, CPUs with AVX512-BF16 or AMX), else fp32.",
                          choices=DTYPES, reload=True)
     draft_quant: str = setting("int8", "Draft model quantization.", choices=DRAFT_QUANT, reload=True)
     max_new_tokens: int = setting(64, "Tokens per completion at most.", min=1, max=1024)
@@ -52,17 +61,21 @@ class Settings:
                                output=False)
     languages: tuple[str, ...] = setting((), "Language ids to complete; empty for every language.", output=False)
     enabled: bool = setting(True, "Show completions.", output=False)
-    fim_family: str = setting("", "Fill-in-the-middle prompt format; empty to detect it from the tokenizer.",
-                              choices=FIM_FAMILIES)
+    fim_family: str = setting("", "Fill-in-the-middle prompt format; empty to detect it from the tokenizer. "
+                              "A change rebuilds the prompt without a reload.",
+                              choices=FIM_FAMILIES, choice_docs={"": "Detect it from the tokenizer."})
     max_prefix_tokens: int = setting(1024, "Prompt tokens before the cursor at most.", min=16, max=32768)
     # PSM re-prefills the suffix on every keystroke: short keeps reuse >= 90%
-    max_suffix_tokens: int = setting(64, "Prompt tokens after the cursor at most.", min=0, max=8192)
+    max_suffix_tokens: int = setting(64, "Prompt tokens after the cursor at most; re-prefilled on every keystroke, "
+                                     "so keep it short.", min=0, max=8192)
     snippets_from_open_files: bool = setting(True, "Put the heads of other open files of the language in the prompt.")
     max_snippet_tokens: int = setting(256, "Tokens of other open files in the prompt at most.", min=0, max=4096)
     multiline: bool = setting(True, "Allow multi-line completions.")
-    prometheus_port: int = setting(0, "Prometheus metrics on 127.0.0.1 at this port; 0 is off.", min=1024,
-                                   max=65535, zero=True, output=False)
-    adapters: bool = setting(True, "Use the workspace repository's registered LoRA draft adapter.", reload=True)
+    prometheus_port: int = setting(0, "Prometheus metrics on 127.0.0.1 at this port; 0 is off. A port that cannot "
+                                   "be bound refuses the change; once it serves, a new port takes effect at restart.",
+                                   min=1024, max=65535, zero=True, output=False)
+    adapters: bool = setting(True, "Use the workspace repository's LoRA draft adapter that `specdec finetune` "
+                             "registered.", reload=True)
 
     def update(self, options: dict | None) -> "Settings":
         """A new Settings with the recognised keys of options applied; raises SettingsError naming every bad key."""
@@ -188,7 +201,8 @@ JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", t
 
 
 def schema() -> list[dict]:
-    """Every setting as plain data (key, name, type, default, bounds, choices, doc): for package.json and docs."""
+    """Every setting as plain data (key, name, type, default, bounds, choices, doc): for package.json and docs
+    (`lsp_server.settings_gen` writes them from this)."""
     rows = []
     for f in fields(Settings):
         m = f.metadata
@@ -196,6 +210,7 @@ def schema() -> list[dict]:
         assert f.default is not MISSING
         rows.append({"key": camel(f.name), "name": f.name, "type": JSON_TYPES[kind(f)], "default": default,
                      "minimum": m["min"], "maximum": m["max"], "zeroAllowed": m["zero"],
-                     "choices": list(m["choices"]) if m["choices"] is not None else None, "doc": m["doc"],
+                     "choices": list(m["choices"]) if m["choices"] is not None else None,
+                     "choiceDocs": dict(m["choice_docs"]), "doc": m["doc"],
                      "allowed": allowed(f), "reloadsModels": m["reload"], "affectsOutput": m["output"]})
     return rows

@@ -10,7 +10,9 @@ import {
   State,
 } from "vscode-languageclient/node";
 
-import { SpecdecConfig, ServerStats, becameReady, initializationOptions, serverCommand, statusText } from "./settings";
+import {
+  SpecdecConfig, ServerStats, becameReady, configFrom, initializationOptions, serverCommand, statusText,
+} from "./settings";
 import { statsHtml } from "./statsView";
 
 const POLL_MS = 3000;
@@ -26,19 +28,7 @@ let typedWhileNotReady = false;  // the active document was edited while the ser
 
 function readConfig(): SpecdecConfig {
   const c = vscode.workspace.getConfiguration("specdec");
-  return {
-    serverCommand: c.get<string[]>("serverCommand", ["specdec", "serve"]),
-    pythonInterpreter: c.get<string>("pythonInterpreter", ""),
-    target: c.get<string>("target", "Qwen/Qwen2.5-Coder-1.5B"),
-    draft: c.get<string>("draft", "Qwen/Qwen2.5-Coder-0.5B"),
-    strategy: c.get<string>("strategy", "auto"),
-    dtype: c.get<string>("dtype", "auto"),
-    maxNewTokens: c.get<number>("maxNewTokens", 64),
-    debounceMs: c.get<number>("debounceMs", 100),
-    languages: c.get<string[]>("languages", []),
-    enabled: c.get<boolean>("enabled", true),
-    adapters: c.get<boolean>("adapters", true),
-  };
+  return configFrom((key, fallback) => c.get(key, fallback));
 }
 
 function createClient(output: vscode.LogOutputChannel): LanguageClient {

@@ -1,17 +1,26 @@
 // Pure helpers (no `vscode` import) so they are unit-testable with node's test runner.
 
-export interface SpecdecConfig {
+import { SERVER_DEFAULTS, SERVER_KEYS, ServerSettings } from "./serverSettings";
+
+/** The extension's own settings: how to start the server. The server's come from the generated module. */
+export interface ClientSettings {
   serverCommand: string[];
   pythonInterpreter: string;
-  target: string;
-  draft: string;
-  strategy: string;
-  dtype: string;
-  maxNewTokens: number;
-  debounceMs: number;
-  languages: string[];
-  enabled: boolean;
-  adapters: boolean;
+}
+
+export type SpecdecConfig = ClientSettings & ServerSettings;
+
+/** Reads one `specdec.*` setting with a fallback, as vscode's WorkspaceConfiguration.get does. */
+export type ConfigGetter = <T>(key: string, fallback: T) => T;
+
+/** The configuration: every server setting (what the user set, else its default) and the client's own. */
+export function configFrom(get: ConfigGetter): SpecdecConfig {
+  const server = Object.fromEntries(SERVER_KEYS.map((key) => [key, get(key, SERVER_DEFAULTS[key])]));
+  return {
+    serverCommand: get("serverCommand", ["specdec", "serve"]),
+    pythonInterpreter: get("pythonInterpreter", ""),
+    ...(server as unknown as ServerSettings),
+  };
 }
 
 /** The command line that starts `specdec serve` over stdio. */
@@ -23,19 +32,13 @@ export function serverCommand(config: SpecdecConfig): { command: string; args: s
   return { command, args };
 }
 
-/** What the server reads from initializationOptions / didChangeConfiguration (camelCase keys). */
+/**
+ * What the server reads from initializationOptions (camelCase keys): every server setting, defaults included.
+ * The defaults are the server's own (generated from its schema), and didChangeConfiguration sends the whole
+ * `specdec` section with them too, so the server sees the same settings at start and after a change.
+ */
 export function initializationOptions(config: SpecdecConfig): Record<string, unknown> {
-  return {
-    target: config.target,
-    draft: config.draft,
-    strategy: config.strategy,
-    dtype: config.dtype,
-    maxNewTokens: config.maxNewTokens,
-    debounceMs: config.debounceMs,
-    languages: config.languages,
-    enabled: config.enabled,
-    adapters: config.adapters,
-  };
+  return Object.fromEntries(SERVER_KEYS.map((key) => [key, config[key]]));
 }
 
 export interface LanguageStats {

@@ -1,12 +1,20 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { SpecdecConfig, ServerStats, becameReady, initializationOptions, serverCommand, statusText } from "../settings";
+import { SERVER_DEFAULTS, SERVER_KEYS } from "../serverSettings";
+import {
+  ConfigGetter, SpecdecConfig, ServerStats, becameReady, configFrom, initializationOptions, serverCommand, statusText,
+} from "../settings";
 
 const config: SpecdecConfig = {
-  serverCommand: ["/opt/venv/bin/specdec", "serve"], pythonInterpreter: "", target: "t", draft: "d",
-  strategy: "auto", dtype: "fp32", maxNewTokens: 32, debounceMs: 50, languages: ["python"], enabled: true, adapters: true,
+  ...SERVER_DEFAULTS, serverCommand: ["/opt/venv/bin/specdec", "serve"], pythonInterpreter: "", target: "t",
+  draft: "d", dtype: "fp32", maxNewTokens: 32, debounceMs: 50, languages: ["python"],
 };
+
+/** A WorkspaceConfiguration.get over what the user set: unset keys give the fallback. */
+function getter(user: Record<string, unknown>): ConfigGetter {
+  return <T>(key: string, fallback: T): T => (key in user ? user[key] as T : fallback);
+}
 
 test("server command from serverCommand or the interpreter", () => {
   assert.deepEqual(serverCommand(config), { command: "/opt/venv/bin/specdec", args: ["serve"] });
@@ -22,6 +30,22 @@ test("initialization options carry the settings the server reads", () => {
   assert.equal(options.dtype, "fp32");
   assert.deepEqual(options.languages, ["python"]);
   assert.equal("serverCommand" in options, false);
+  assert.equal("pythonInterpreter" in options, false);
+});
+
+test("every server setting is read and sent, with the server's defaults where unset", () => {
+  const read = configFrom(getter({ maxDraft: 4, temperature: 0.2, topP: 0.9, draftQuant: "none", multiline: false,
+    fimFamily: "starcoder", serverCommand: ["x"] }));
+  const options = initializationOptions(read);
+  assert.deepEqual(Object.keys(options), [...SERVER_KEYS]);
+  assert.equal(SERVER_KEYS.length, 20);
+  assert.deepEqual([options.maxDraft, options.temperature, options.topP, options.draftQuant, options.multiline,
+    options.fimFamily], [4, 0.2, 0.9, "none", false, "starcoder"]);
+  assert.equal(options.maxNewTokens, SERVER_DEFAULTS.maxNewTokens);
+  assert.equal(options.target, SERVER_DEFAULTS.target);
+  assert.deepEqual(read.serverCommand, ["x"]);
+  assert.equal(read.pythonInterpreter, "");
+  assert.deepEqual(initializationOptions(configFrom(getter({}))), { ...SERVER_DEFAULTS });
 });
 
 test("status bar text follows the model state and the active language", () => {
