@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="code-completion benchmark: plain vs HF assisted vs our strategies")
     add_model_args(p)
     p.add_argument("--strategies", default="hf-plain,hf-assisted,hf-lookup,plain,lookup,draft,auto",
-                   help="comma-separated; the first is the speedup baseline; hf-* are HF generate baselines")
+                   help="comma-separated; the first is the speedup baseline; hf-* are HF generate baselines; "
+                        "llama-plain, llama-draft, llama-ngram run llama.cpp's llama-server on the same GGUFs")
     p.add_argument("--languages", default="", help="comma-separated subset (default: all)")
     p.add_argument("--holes", type=int, default=0, help="holes per file (default 2)")
     p.add_argument("--files", nargs="+", help="benchmark these local files instead of the built-in workload")

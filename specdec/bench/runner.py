@@ -45,18 +45,51 @@ def hf_generate(strategy: str, target, draft, prompt: list[int], max_new: int, s
     return out, seconds
 
 
+def start_llama(strategies: list[str], args, stack) -> dict:
+    """A `llama-server` per llama.cpp strategy asked for, on the same GGUFs; {} (rows skipped) if not installed."""
+    from specdec.bench import llama
+    from specdec.models import target_gguf
+
+    asked = [s for s in strategies if s in llama.STRATEGIES]
+    if not asked:
+        return {}
+    binary = llama.find_server()
+    if binary is None:
+        print(f"llama.cpp is not installed: skipping {', '.join(asked)}. Install it with:\n  {llama.INSTALL_HINT}")
+        return {}
+    target = target_gguf(args.target)
+    draft = target_gguf(args.draft) if "llama-draft" in asked else None
+    if target is None:
+        print(f"no GGUF for {args.target}: skipping {', '.join(asked)}")
+        return {}
+    return {s: stack.enter_context(llama.LlamaServer(binary, target, llama.server_args(s, draft, args.max_draft)))
+            for s in asked}
+
+
 def run_bench(args) -> int:
+    import contextlib
+
+    from specdec.bench import llama
+    from specdec.errors import SpecdecError
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    known = HF + OURS + llama.STRATEGIES
+    unknown = [s for s in strategies if s not in known]
+    if unknown:
+        raise SpecdecError(f"unknown strategies {unknown}; known: {', '.join(known)}")
+    with contextlib.ExitStack() as stack:
+        anchors = start_llama(strategies, args, stack)
+        strategies = [s for s in strategies if s not in llama.STRATEGIES or s in anchors]
+        return _run(args, strategies, anchors)
+
+
+def _run(args, strategies: list[str], anchors: dict) -> int:
     from specdec.bench.workload import SOURCES, load_workload, local_sources
     from specdec.completion import Completer
     from specdec.engine import GenerationConfig, Session
-    from specdec.errors import SpecdecError
     from specdec.models import load_pair
     from specdec.strategies import make_drafter
 
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in HF + OURS]
-    if unknown:
-        raise SpecdecError(f"unknown strategies {unknown}; known: {', '.join(HF + OURS)}")
     languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
     sources = local_sources(args.files) if args.files else SOURCES
     holes = load_workload(languages, args.holes or 2, sources)
@@ -87,6 +120,16 @@ def run_bench(args) -> int:
             if strategy in HF:
                 tokens, seconds = hf_generate(strategy, target, draft, prompt, args.max_new_tokens, stops)
                 row.update(seconds=seconds, new_tokens=len(tokens), mode="cold")
+            elif strategy in anchors:
+                server = anchors[strategy]
+                if not args.cold:  # the previous keystroke, untimed: its prompt cache then holds what ours does
+                    server.complete(previous, 1, stops)
+                result = server.complete(prompt, args.max_new_tokens, stops)
+                tokens = result.tokens
+                row.update(seconds=result.seconds, new_tokens=len(tokens), mode="cold" if args.cold else "warm",
+                           drafted=result.drafted, accepted=result.accepted,
+                           acceptance_rate=result.accepted / result.drafted if result.drafted else 0.0,
+                           prefill_computed=result.prompt_tokens, prefill_seconds=result.prompt_ms / 1000)
             else:
                 session.drafter, session.strategy = drafters[strategy], strategy
                 if args.cold:
