@@ -53,10 +53,8 @@ _LITERAL_WORD = re.compile(r"""["'`]([A-Za-z0-9+/_=-]{20,})["'`]""")
 _HEX = re.compile(r"[0-9a-fA-F]+")
 # Names that make a hex literal a credential rather than a digest (hashes and commit ids are kept).
 _SECRET_WORDS = re.compile(r"(?i)token|secret|passw|pwd|api_?key|apikey|auth|credential|private|access_?key")
-# Bits per character a base64-alphabet literal needs. A random one of n characters has about log2(n) - 0.3:
-# 62% of random 20-character ones pass (with the class and run rules), 93% at 24, 99% at 32, all at 40.
-# A length-scaled threshold (log2(n) - 0.8) caught 91% at 20 but dropped 10 files of peft and pygments
-# for identifiers such as TF2_OnWaitingForPlayersStart, against 2 files at a flat 4.0.
+# Bits per character a base64-alphabet literal needs. A flat threshold catches nearly all random keys of
+# realistic length and spares long identifiers that a length-scaled one flagged (docs/finetuning.md).
 ENTROPY_BITS = 4.0
 # Adjacent string literals, possibly joined by + (or . / .. / &) and across a line break: `"ghp_ab" + "cd"`.
 _JOIN = re.compile(r"""["'`][ \t]*(?:\\?\r?\n[ \t]*)?(?:(?:\+|\.\.?|&)[ \t]*(?:\r?\n[ \t]*)?)?["'`]""")

@@ -98,11 +98,11 @@ def collate(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 def length_bucketed_batches(samples: list[list[int]], batch_size: int, seed: int, window: int = 32) -> list[list[int]]:
     """Sample indices in batches of similar length, in a seeded random order.
 
-    A batch is padded to its longest sample, and FIM samples (~200 tokens) paired with
-    full-length windows waste a sixth of every step on padding. Sorting by length inside
-    shuffled windows of `window` batches pairs like with like; the batches are shuffled
-    again so training still sees the repository in random order. Every sample is used once
-    per pass over the pool.
+    A batch is padded to its longest sample, and short FIM samples paired with full-length windows
+    waste a large share of every step on padding (docs/finetuning.md). Sorting by length inside
+    shuffled windows of `window` batches pairs like with like; the batches are shuffled again so
+    training still sees the repository in random order. Every sample is used once per pass over
+    the pool.
     """
     rng = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(samples), generator=rng).tolist()

@@ -2,9 +2,9 @@
 
 CUDA GPUs and CPUs with AVX512-BF16 or AMX run bf16 matmuls natively. On CPUs without them
 (AVX2-only machines: most laptops and many cloud cores) PyTorch emulates bf16, and a
-multi-token pass -- a prefill, a verify of k drafts -- runs several times slower than in fp32
-(measured on a 2-core AVX2 EPYC: a 285-token prefill of the 1.5B target took 59 s in bf16 and
-13 s in fp32). Only single-token steps, which just stream the weights, are faster in bf16 there.
+multi-token pass -- a prefill, a verify of k drafts -- runs several times slower than in fp32.
+Only single-token steps, which just stream the weights, are faster in bf16 there. The
+measurements are in docs/benchmarks.md (*Precision*).
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ class Int8Linear(torch.nn.Module):
 
     def int8_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """fbgemm quantizes a call's activations with one scale. A prompt's first token carries
-        activations ~30x any other's (Qwen's attention sink), which would round every other
-        row of a prefill away; so rows are grouped by power-of-two magnitude and each group
+        activations far larger than any other's (Qwen's attention sink), which would round every
+        other row of a prefill away; so rows are grouped by power-of-two magnitude and each group
         is quantized on its own. A one-token decode step is one group, one call."""
         rows = x.reshape(-1, x.shape[-1])
         if len(rows) <= 1:

@@ -1,13 +1,13 @@
-"""A lean inference forward for peft's LoRA layers, because a draft step is a few dozen ms.
+"""A lean inference forward for peft's LoRA layers, because a draft step is short: overhead shows.
 
 peft's LoRA forward serves every case (mixed-adapter batches, variants, dtype casts,
-dropout), and that bookkeeping, paid by all 168 LoRA layers of the 0.5B draft for each
-drafted token, made a draft step with an adapter beside the int8 base 37% slower on this
-CPU (35 -> 49 ms). Here each layer keeps its active adapters' factors transposed, with the
-scaling folded in, and computes base(x) + (x @ A) @ B. peft still owns the weights and the
-switching (load_adapter, set_adapter, disable_adapter_layers): call `use_lean_lora` again
-after any of them. Inference only: in training mode, or for anything unusual, a layer
-falls back to peft's own forward.
+dropout), and that bookkeeping, paid by every LoRA layer of the draft for each drafted
+token, made a draft step with an adapter beside the int8 base markedly slower (figures in
+docs/finetuning.md, *Serving an adapter*). Here each layer keeps its active adapters'
+factors transposed, with the scaling folded in, and computes base(x) + (x @ A) @ B. peft
+still owns the weights and the switching (load_adapter, set_adapter,
+disable_adapter_layers): call `use_lean_lora` again after any of them. Inference only: in
+training mode, or for anything unusual, a layer falls back to peft's own forward.
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ LoRA layers are disabled and the draft is the plain base model. The layers run
 specdec.lean_lora's forward, not peft's slower general one.
 
 FOLDING: on an int8 base, an adapter is served folded into the fp32 weights and requantized
-(int8(W + BA), built once per adapter and kept), not beside the int8 base (int8(W) + BA). On
-this CPU that is both faster and closer to the target, for an adapter trained over the int8
-base: on the 99-hole pygments screen (fixed k = 4, teacher-forced) base 0.425, beside 0.554,
-folded 0.574; a draft step after a 300-token prompt 35 ms base or folded, 42 ms beside. So
-the fp32 weights of the quantized layers are kept (1.4 GB for the 0.5B draft).
+(int8(W + BA), built once per adapter and kept), not beside the int8 base (int8(W) + BA).
+Folded, a draft step costs what the base's does, and for an adapter trained over the int8
+base it also agrees with the target more than the same adapter beside the base. That is
+worth the memory of keeping the fp32 weights of the quantized layers (figures in
+docs/finetuning.md, *Serving an adapter* and *Int8 and adapters*).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from specdec.lean_lora import use_lean_lora
 
 PLACEHOLDER = "specdec-base"
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-FOLDED_KEPT = 3  # adapters whose folded int8 layers stay built (about 360 MB each for the 0.5B draft)
+FOLDED_KEPT = 3  # adapters whose folded int8 layers stay built: each is a full copy of the int8 layers
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 _LORA_KEY = re.compile(r"(?P<module>[\w.]+)\.lora_(?P<factor>[AB])\.weight")  # as peft saves them
 MAX_RANK = 1024

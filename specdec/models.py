@@ -2,7 +2,7 @@
 
 A spec is a Hugging Face id (hub or local HF cache), a local model directory, or a
 `.gguf` file. GGUF is dequantized once and cached as bf16 safetensors, so later
-loads take about a second instead of 30-50 s.
+loads skip the slow dequantization (timings in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -245,9 +245,8 @@ def list_cached() -> list[dict[str, Any]]:
 
 # Linear layers each int8 mode leaves in fp32. Qwen2's MLP output projection sees activation
 # outliers (a few channels far larger than the rest) that per-token int8 activations still
-# round coarsely. Teacher-forced on 99 pygments holes (0.5B draft vs the 1.5B target's greedy
-# output), acceptance at k = 4 / draft step: every Linear int8 0.565 / 40 ms, down_proj kept
-# fp32 0.583 / 55 ms, all fp32 0.580 / 88 ms. The faster step wins, so "int8" quantizes everything.
+# round coarsely. Keeping down_proj fp32 buys a little agreement for a clearly slower draft step;
+# on CPU the faster step wins, so "int8" quantizes everything (docs/benchmarks.md, *Draft quantization*).
 KEPT_FP32 = {"int8": (), "int8-down-fp32": ("down_proj",)}
 DRAFT_QUANT = (*KEPT_FP32, "none")
 
