@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
 from specdec.errors import SpecdecError
-from specdec.models import DRAFT_QUANT, DTYPES
+from specdec.models import DRAFT_QUANT, DTYPES, TARGET_QUANT
 from specdec.strategies import STRATEGIES as STRATEGY_CHOICES
 
 PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcommands
@@ -28,6 +28,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-quant", choices=DRAFT_QUANT, default="int8",
                    help="quantize the draft (CPU; lossless either way: only the target decides; int8-down-fp32 "
                         "keeps the MLP output projections fp32: higher acceptance, slower draft step)")
+    p.add_argument("--target-quant", choices=TARGET_QUANT, default="none",
+                   help="target weights on CPU: int4 = the GGUF's own Q4_K codes (group 32; the rest int8 per "
+                        "channel), int8 = every Linear int8 per channel, none = dequantized floats (default)")
     p.add_argument("--adapter", help="a LoRA adapter directory for the draft")
 
 
@@ -59,7 +62,7 @@ def load_completer(args, strategy: str):
 
     needs_draft = strategy in ("draft", "auto")
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     adapter=getattr(args, "adapter", None))
+                     adapter=getattr(args, "adapter", None), target_quant=getattr(args, "target_quant", "none"))
     draft_model = pair.draft.model if pair.draft else None
     session = make_session(pair.target.model, pair.target.tokenizer, strategy, draft_model,
                            max_draft=args.max_draft)

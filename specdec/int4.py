@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.models import TARGET_QUANT
 from specdec.gguf_quant import GROUP, QK_K, Int4Codes, Int8Codes, int8_per_channel, q4k_codes, quantize_q4k, \
     read_qwen2_linears
 
@@ -28,7 +29,6 @@ from specdec.gguf_quant import GROUP, QK_K, Int4Codes, Int8Codes, int8_per_chann
 # in the int4 branch's history for the table. Verify passes (k + 1 <= 9 rows) stay on int4.
 DENSE_ROWS = 16
 
-TARGET_QUANT = ("none", "int4", "int8")
 OTHER = ("int8", "bf16")  # what the tensors that are not Q4_K become in int4 mode
 
 

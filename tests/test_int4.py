@@ -185,3 +185,29 @@ def test_real_int4_target_fim_completion_is_lossless(monkeypatch):
         texts[strategy] = Completer.for_session(session).complete(prefix, suffix, GenerationConfig(32)).tokens
     assert "return" in pair.target.tokenizer.decode(texts["plain"])
     assert texts["draft"] == texts["plain"] and texts["auto"] == texts["plain"]
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8", "none"])
+def test_load_pair_target_quant(tmp_path, mode):
+    import tiny
+
+    from specdec.models import load_pair
+
+    path = tiny.save(tmp_path, seed=1, hidden=HIDDEN)
+    pair = load_pair(str(path), str(path), dtype="bf16", target_quant=mode)
+    up = pair.target.model.model.layers[0].mlp.up_proj
+    assert type(up) is {"int4": Int4Linear, "int8": Int8ChannelLinear, "none": torch.nn.Linear}[mode]
+    plain = make_session(pair.target.model, pair.target.tokenizer, "plain")
+    spec = make_session(pair.target.model, pair.target.tokenizer, "draft", pair.draft.model)
+    prompt = pair.target.tokenizer.encode(PROMPTS[0])
+    assert spec.generate(prompt, GenerationConfig(16)).tokens == plain.generate(prompt, GenerationConfig(16)).tokens
+
+
+def test_load_pair_rejects_an_unknown_target_quant(tmp_path):
+    import tiny
+
+    from specdec.errors import SpecdecError
+    from specdec.models import load_pair
+
+    with pytest.raises(SpecdecError, match="int3"):
+        load_pair(str(tiny.save(tmp_path, hidden=HIDDEN)), None, target_quant="int3")
