@@ -18,6 +18,7 @@ from specdec.strategies import STRATEGIES as STRATEGY_CHOICES
 
 PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcommands
 BENCH_GROUP = "specdec.bench"  # entry points: fn(args) -> exit code, selected by a bench flag
+BENCH_OUTPUT = "bench-results/bench.json"
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -94,6 +95,12 @@ def cmd_complete(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.kernels:
+        from specdec.bench.kernels import run_kernels
+
+        if args.output == BENCH_OUTPUT:
+            args.output = "bench-results/kernels.json"
+        return run_kernels(args)
     kind = "editor" if args.editor else "finetune" if args.finetune else None
     if kind:
         runners = {ep.name: ep for ep in entry_points(group=BENCH_GROUP)}
@@ -144,10 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-draft", type=int, default=8)
     p.add_argument("--max-prefix-tokens", type=int, default=512)
     p.add_argument("--max-suffix-tokens", type=int, default=128)
-    p.add_argument("--output", default="bench-results/bench.json")
+    p.add_argument("--output", default=BENCH_OUTPUT)
     p.add_argument("--cold", action="store_true", help="no warm previous-keystroke request for our strategies")
     p.add_argument("--editor", action="store_true",
                    help="latency benchmark instead: replay typing sessions against `specdec serve` over stdio")
+    p.add_argument("--kernels", action="store_true",
+                   help="kernel benchmark instead: bf16/int4/int8 matmul ms per shape and row count, then the "
+                        "whole target's decode and verify step per --target-quants mode")
+    p.add_argument("--target-quants", default="none,int4,int8", help="--kernels: whole-model modes ('' for none)")
     p.add_argument("--sessions", type=int, default=0, help="--editor: at most this many typing sessions (0: all)")
     p.add_argument("--finetune", metavar="REPO", help="adapter benchmark instead: fine-tune on REPO, then compare "
                                                      "speculation on its held-out files without/with the adapter")

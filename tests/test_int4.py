@@ -11,7 +11,8 @@ from specdec.int4 import Int4Linear, Int8ChannelLinear, TargetQuantConfig, quant
 from specdec.strategies import make_session
 
 HIDDEN = 256  # the smallest width Q4_K's 256-weight super-blocks fit
-PROMPTS = ["def add(a, b):\n    return", "class Point:\n    def", "for i in range(10):\n  "]
+PROMPTS = ["def add(a, b):\n    return", "class Point:\n    def", "for i in range(10):\n  ",
+           "import os\nimport sys\n\ndef main():\n    pass\n\nfunction add(a, b) {\n  return"]  # > DENSE_ROWS
 
 
 def test_q4k_codes_reproduce_gguf_dequantization_exactly():
@@ -107,7 +108,7 @@ def int4_target(tmp_path_factory):
     tensors = read_qwen2_linears(path)
     assert tensors["lm_head"].qtype == "Q8_0" and tensors["model.layers.1.mlp.down_proj"].qtype == "Q4_K"
     assert tensors["model.layers.0.self_attn.k_proj"].shape == tuple(model.model.layers[0].self_attn.k_proj.weight.shape)
-    counts = quantize_target(model, TargetQuantConfig("int4", dense_rows=8), path)
+    counts = quantize_target(model, TargetQuantConfig("int4"), path)  # DENSE_ROWS: verifies of <= 9 rows on int4
     assert counts == {"int4": 14, "int8": 1}
     return model
 
