@@ -154,7 +154,7 @@ def test_long_prefill_takes_the_dense_route_and_stays_close(int4_target, tok):
         stepwise = Session(int4_target, tok)
         rows = [stepwise.target.extend([t])[0] for t in ids[0].tolist()]
     diff = (batched.float() - torch.stack(rows).float()).abs().max()
-    assert diff < 0.05 * batched.float().abs().max()
+    assert diff < 0.1 * batched.float().abs().max()  # bf16 end to end, attention included
 
 
 def test_quantize_target_rejects_unknown_modes():
