@@ -134,7 +134,8 @@ def quantize_target(model, config: TargetQuantConfig, gguf: Path | str | None = 
             full = f"{path}.{name}" if path else name
             tensor = tensors.get(full)
             if tensor is not None and tensor.shape != tuple(child.weight.shape):
-                raise ValueError(f"GGUF tensor for {full} is {tensor.shape}, the model's is {tuple(child.weight.shape)}")
+                raise ValueError(f"GGUF tensor for {full} is {tensor.shape}, "
+                                 f"the model's is {tuple(child.weight.shape)}")
             if config.mode == "int8":
                 layer, kind = Int8ChannelLinear(int8_per_channel(child.weight), _bias(child), dtype), "int8"
             elif tensor is not None and tensor.qtype == "Q4_K":

@@ -107,7 +107,8 @@ def int4_target(tmp_path_factory):
     write_tiny_gguf(model, path)
     tensors = read_qwen2_linears(path)
     assert tensors["lm_head"].qtype == "Q8_0" and tensors["model.layers.1.mlp.down_proj"].qtype == "Q4_K"
-    assert tensors["model.layers.0.self_attn.k_proj"].shape == tuple(model.model.layers[0].self_attn.k_proj.weight.shape)
+    k_proj = model.model.layers[0].self_attn.k_proj
+    assert tensors["model.layers.0.self_attn.k_proj"].shape == tuple(k_proj.weight.shape)
     counts = quantize_target(model, TargetQuantConfig("int4"), path)  # DENSE_ROWS: verifies of <= 9 rows on int4
     assert counts == {"int4": 14, "int8": 1}
     return model

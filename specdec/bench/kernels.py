@@ -91,8 +91,6 @@ def kernel_table(config: KernelBenchConfig) -> list[dict]:
 
 def model_steps(target: str, mode: str, context: int = 256, reps: int = 5) -> dict:
     """Decode-step (1 row) and verify (8 rows) ms of the whole target at `context` tokens of cache."""
-    import torch
-
     from specdec.kv import KVModel
     from specdec.models import load_pair
 
@@ -117,12 +115,13 @@ def model_steps(target: str, mode: str, context: int = 256, reps: int = 5) -> di
     kv.sync(prompt[:context])
     result[f"prefill_{context}_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    del torch
     return result
 
 
 def run_kernels(args) -> int:
     config = KernelBenchConfig()
+    if getattr(args, "kernel_rows", ""):
+        config.rows = tuple(int(r) for r in args.kernel_rows.split(","))
     if getattr(args, "kernel_shapes", ""):
         config.shapes = tuple(s for s in SHAPES if any(k in s for k in args.kernel_shapes.split(",")))
     import torch
@@ -152,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="kernel and whole-model step timings of the target")
     parser.add_argument("--model-step", help="internal: time the whole target in this quantization, print JSON")
     parser.add_argument("--target", default="Qwen/Qwen2.5-Coder-1.5B")
-    parser.add_argument("--kernel-shapes", default="")
+    parser.add_argument("--kernel-shapes", default="", help="comma-separated substrings of SHAPES' names")
+    parser.add_argument("--kernel-rows", default="", help="comma-separated row counts (default ROWS)")
     parser.add_argument("--target-quants", default="none,int4,int8", help="whole-model modes ('' for none)")
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--output", default="")
