@@ -38,7 +38,11 @@ OTHER = ("int8", "bf16")  # what the tensors that are not Q4_K become in int4 mo
 class TargetQuantConfig:
     mode: str = "none"  # one of TARGET_QUANT
     dense_rows: int = DENSE_ROWS  # Int4Linear: above this many rows, the bf16 copy (0: never keep one)
-    other: str = "int8"  # int4 mode: Q6_K & co. (and lm_head) as int8 per channel, or dequantized bf16
+    # int4 mode: Q6_K & co. (lm_head among them) as int8 per channel, or dequantized bf16. bf16 is
+    # closer to the GGUF but not lossless-safe: torch's bf16 matmul computes a 1-row call
+    # differently from the same row in a multi-row call, so a verify pass may disagree with
+    # a decode step in the last bits; int8 per channel is row-independent, hence the default.
+    other: str = "int8"
 
 
 class Int4Linear(torch.nn.Module):

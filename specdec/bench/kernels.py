@@ -132,7 +132,8 @@ def run_kernels(args) -> int:
     table = kernel_table(config) if not getattr(args, "skip_kernels", False) else []
     steps = []
     for mode in [m for m in getattr(args, "target_quants", "none,int4,int8").split(",") if m]:
-        cmd = [sys.executable, "-m", "specdec.bench.kernels", "--model-step", mode, "--target", args.target]
+        cmd = [sys.executable, "-m", "specdec.bench.kernels", "--model-step", mode, "--target", args.target,
+               "--threads", str(torch.get_num_threads())]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-2000:], file=sys.stderr)
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    torch.set_num_threads(args.threads or min(2, torch.get_num_threads()))
     if args.model_step:
         print(json.dumps(model_steps(args.target, args.model_step)))
         return 0
