@@ -71,13 +71,13 @@ class Int4Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, self.in_features).to(self.dtype)
-        if self.dense is not None and len(rows) > self.dense_rows:
-            out = rows @ self.dense.t()
+        if self.dense is not None and len(rows) > self.dense_rows:  # the same call as a bf16 nn.Linear
+            out = torch.nn.functional.linear(rows, self.dense, self.bias)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), self.packed, GROUP,
                                                               self.scales_and_zeros)
-        if self.bias is not None:
-            out = out + self.bias
+            if self.bias is not None:
+                out = out + self.bias
         return out.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
