@@ -8,10 +8,11 @@ min(1, p(x)/q(x)); on the first rejection draw from norm(max(0, p - q)); when al
 are accepted draw a bonus token from p. A drafter without probabilities is q = one-hot
 at its token. The output is then distributed exactly as p.
 
-Trees (verify_tree) generalise both: at each position the children are tried in order
-and the rule descends into the first one accepted. Sampled children follow SpecInfer's
-multi-step speculative sampling (Sequoia's variant when drawn without replacement);
-deterministic children take q one-hot at each child. A chain is the one-branch tree and
+Trees (verify_tree) generalise both. Greedy keeps the deepest node whose path is all
+argmax. Sampling tries the children of a position in order and descends into the first
+one accepted: sampled children follow SpecInfer's multi-step speculative sampling
+(Sequoia's variant when drawn without replacement); deterministic children take q
+one-hot at each child. A chain is the one-branch tree and
 gets the same verdict from either function (tests/test_tree_acceptance.py).
 """
 
@@ -111,15 +112,19 @@ def verify_tree(
     n = len(tree)
     assert target_logits.shape[0] == n + 1, (target_logits.shape, n)
     if config.greedy:
+        # a node is on the greedy path when its token is the argmax after its parent and its
+        # parent is too; take the deepest such node, so a duplicate sibling (drafts sampled with
+        # replacement) whose subtree goes further is not shadowed by the first one
         choices = target_logits.argmax(-1).tolist()
-        path, node = [], ROOT
-        while True:
-            want = choices[node + 1]
-            child = next((c for c in tree.children(node) if tree.tokens[c] == want), None)
-            if child is None:
-                return TreeVerdict(path, [tree.tokens[i] for i in path], want, not tree.children(node))
-            path.append(child)
-            node = child
+        on_path = [False] * n
+        best, best_depth = ROOT, 0
+        for i, (token, parent) in enumerate(zip(tree.tokens, tree.parents)):
+            if token == choices[parent + 1] and (parent == ROOT or on_path[parent]):
+                on_path[i] = True
+                if tree.depths[i] > best_depth:
+                    best, best_depth = i, tree.depths[i]
+        path = tree.path(best)
+        return TreeVerdict(path, [tree.tokens[i] for i in path], choices[best + 1], not tree.children(best))
     return verify_tree_probabilities(tree, probabilities(target_logits, config), generator)
 
 
