@@ -137,6 +137,43 @@ def test_wrong_rule_fails_the_same_test(drawn, monkeypatch):
     assert min(first, joint) < 1e-4, (first, joint)
 
 
+
+def exact_law(p: torch.Tensor, q: torch.Tensor, draws: torch.Tensor, m: int, drawn: str, reject) -> torch.Tensor:
+    """The exact law of the token a position emits when m children are drawn from `draws` as
+    stated (deterministic: its top-m, in order) and the rule, believing q, runs `reject`."""
+    if m == 0:
+        return p  # every child rejected: the recovered token follows the residual
+    out = torch.zeros_like(p)
+    if drawn == DETERMINISTIC:
+        x = int(draws.argmax())
+        rest = draws.clone()
+        rest[x] = -1
+        out[x] += p[x]
+        return out + (1 - p[x]) * exact_law(reject(p, None, x, drawn)[0], q, rest, m - 1, drawn, reject)
+    for x in torch.nonzero(draws).flatten().tolist():
+        accept = torch.clamp(p[x] / q[x], max=1.0) if q[x] > 0 else torch.ones((), dtype=p.dtype)
+        out[x] += draws[x] * accept
+        rest = draws
+        if drawn == WITHOUT_REPLACEMENT:  # the next sibling really is drawn without x
+            rest = draws.clone()
+            rest[x] = 0
+            rest = rest / rest.sum()
+        out += draws[x] * (1 - accept) * exact_law(*reject(p, q, x, drawn), rest, m - 1, drawn, reject)
+    return out
+
+
+@pytest.mark.parametrize("drawn", DRAWN)
+def test_exact_law_of_each_position_is_p(drawn):
+    """No sampling error: enumerating every draw, a position with 1..4 children emits exactly p,
+    and the wrong rule of the negative control does not."""
+    p_root, q_root, p_after, q_after, _ = (x.double() / x.double().sum(-1, keepdim=True) for x in _laws())
+    pairs = [(p_root, q_root)] + [(p_after[a], q_after[a]) for a in range(V)]
+    for m in range(1, 5):
+        for p, q in pairs:
+            assert torch.allclose(exact_law(p, q, q, m, drawn, acceptance._reject), p, rtol=0, atol=1e-12)
+    worst = max((exact_law(p, q, q, 3, drawn, WRONG[drawn]) - p).abs().max().item() for p, q in pairs)
+    assert worst > 0.05, worst
+
 # ---- greedy: the tree's output is plain greedy decoding -------------------------------------
 
 
