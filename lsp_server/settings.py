@@ -16,7 +16,8 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.fim import TEMPLATES
-from specdec.models import DRAFT_QUANT, DTYPES
+from specdec.limits import MAX_DRAFT, MAX_NEW_TOKENS
+from specdec.models import DRAFT_QUANT, DTYPES, TARGET_QUANT
 from specdec.strategies import STRATEGIES
 
 FIM_FAMILIES = ("", *TEMPLATES)  # "": detect from the tokenizer
@@ -53,8 +54,11 @@ class Settings:
                          "(GPUs, CPUs with AVX512-BF16 or AMX), else fp32.",
                          choices=DTYPES, reload=True)
     draft_quant: str = setting("int8", "Draft model quantization.", choices=DRAFT_QUANT, reload=True)
-    max_new_tokens: int = setting(64, "Tokens per completion at most.", min=1, max=1024)
-    max_draft: int = setting(8, "Drafted tokens per target pass at most.", min=1, max=32)
+    target_quant: str = setting("none", "Target weights: int4 serves the GGUF's own Q4_K codes (the rest int8 per "
+                                "channel), int8 every linear per channel, none the dequantized floats. Speculation "
+                                "stays exact against whichever target runs.", choices=TARGET_QUANT, reload=True)
+    max_new_tokens: int = setting(64, "Tokens per completion at most.", min=1, max=MAX_NEW_TOKENS)
+    max_draft: int = setting(8, "Drafted tokens per target pass at most.", min=1, max=MAX_DRAFT)
     temperature: float = setting(0.0, "Sampling temperature; 0 is greedy.", min=0.01, max=5.0, zero=True)
     top_p: float = setting(1.0, "Nucleus sampling mass; 1 disables it.", min=0.01, max=1.0)
     debounce_ms: int = setting(100, "Milliseconds to wait after a keystroke, per document.", min=0, max=5000,

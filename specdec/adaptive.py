@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.acceptance import expected_tokens_per_pass
+from specdec.limits import MAX_DRAFT  # whatever a caller asks
 
-K_LIMIT = 64  # drafted tokens per pass at most, whatever a caller asks: per-step work never grows with a setting
 
 
 @dataclass
@@ -31,11 +31,11 @@ class DraftLength:
         return expected_tokens_per_pass(a, k) / (1 + k * (self.draft_cost + self.verify_slope))
 
     def next_k(self, cap: int) -> int:
-        """The best k in [k_min, min(cap, k_max, K_LIMIT)].
+        """The best k in [k_min, min(cap, k_max, MAX_DRAFT)].
 
         tokens_per_cost is concave over affine in k, so unimodal: the scan stops past the peak.
         """
-        hi = max(0, min(cap, self.k_max, K_LIMIT))
+        hi = max(0, min(cap, self.k_max, MAX_DRAFT))
         if not self.adaptive or hi <= self.k_min:
             return hi
         best, best_value = self.k_min, self.tokens_per_cost(self.k_min)

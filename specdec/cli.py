@@ -13,11 +13,11 @@ from importlib.metadata import entry_points
 
 from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
 from specdec.errors import SpecdecError
+from specdec.limits import MAX_DRAFT, MAX_NEW_TOKENS
 from specdec.models import DRAFT_QUANT, DTYPES, TARGET_QUANT
 from specdec.strategies import STRATEGIES as STRATEGY_CHOICES
+from specdec.strategies import needs_draft_model
 
-MAX_NEW_TOKENS = 4096  # a completion budget; far above what an editor asks for
-MAX_DRAFT = 64  # drafted tokens per target pass
 PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcommands
 BENCH_GROUP = "specdec.bench"  # entry points: fn(args) -> exit code, selected by a bench flag
 BENCH_OUTPUT = "bench-results/bench.json"
@@ -63,7 +63,7 @@ def load_completer(args, strategy: str):
     from specdec.models import load_pair
     from specdec.strategies import make_session
 
-    needs_draft = strategy in ("draft", "auto")
+    needs_draft = needs_draft_model(strategy)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
                      adapter=getattr(args, "adapter", None), target_quant=getattr(args, "target_quant", "none"))
     draft_model = pair.draft.model if pair.draft else None

@@ -22,14 +22,15 @@ from pathlib import Path
 import torch
 
 from specdec.models import TARGET_QUANT
+from specdec.limits import MAX_DRAFT
 from specdec.gguf_quant import GROUP, QK_K, Int4Codes, Int8Codes, int8_per_channel, q4k_codes, quantize_q4k, \
     read_qwen2_linears
 
-# Rows per call above which Int4Linear switches to its dense bf16 copy. Measured with
-# `specdec bench --kernels` (1.5B shapes, 2 threads, best-of interleaved calls): int4 beats bf16
-# up to 4-8 rows, bf16 wins from 16. Kept at 16, not 8, for exactness (see above): a verify pass
-# of max_draft + 1 <= 9 rows must run the same kernel as a 1-row decode step.
-DENSE_ROWS = 16
+# Rows per call above which Int4Linear switches to its dense bf16 copy. int4 beats bf16 up to
+# 4-8 rows (`specdec bench --kernels`, docs/benchmarks.md), but exactness decides (see above):
+# every verify pass the engine can make, up to MAX_DRAFT + 1 rows, must run the kernel a 1-row
+# decode step runs. Prefill chunks (PREFILL_CHUNK rows) take the dense copy.
+DENSE_ROWS = MAX_DRAFT + 1
 
 OTHER = ("int8", "bf16")  # what the tensors that are not Q4_K become in int4 mode
 

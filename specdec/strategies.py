@@ -5,6 +5,12 @@ from __future__ import annotations
 from specdec.errors import SpecdecError
 
 STRATEGIES = ("plain", "draft", "lookup", "auto")  # importable without torch (the server's settings use it)
+DRAFT_MODEL_STRATEGIES = ("draft", "auto")  # the strategies that load a draft model (auto falls back to lookup)
+
+
+def needs_draft_model(strategy: str) -> bool:
+    """Whether a strategy uses the draft model: the one rule loaders follow before loading one."""
+    return strategy in DRAFT_MODEL_STRATEGIES
 
 
 def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_draft: int = 8):

@@ -100,12 +100,15 @@ def test_bench_on_local_files_records_what_auto_dtype_resolved_to(capsys, models
     from specdec import hardware
 
     monkeypatch.setattr(hardware, "native_bf16", lambda device="cpu": False)
+    monkeypatch.setenv("SPECDEC_LLAMA_SERVER", str(tmp_path / "no-llama-server"))
     code = tmp_path / "lib.py"
     code.write_text("".join(f"def scaled_{i}(value):\n    return value * {i} + offset\n\n" for i in range(30)))
     out = tmp_path / "bench.json"
     status, printed, err = run(capsys, "bench", "--target", models[0], "--draft", models[1], "--strategies",
-                             "plain,draft", "--files", code, "--holes", 1, "--max-new-tokens", 6, "--output", out)
+                             "plain,draft,llama-plain", "--files", code, "--holes", 1, "--max-new-tokens", 6,
+                             "--output", out)
     assert status == 0 and "(float32)" in printed, err
+    assert "llama.cpp is not installed: skipping llama-plain" in printed and "pip install" in printed
     result = json.loads(out.read_text())
     assert result["config"]["dtype"] == "auto" and result["target_dtype"] == "float32"
     assert sorted(r["strategy"] for r in result["rows"]) == ["draft", "plain"]

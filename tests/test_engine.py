@@ -79,19 +79,19 @@ def test_unrelated_draft_is_mostly_rejected_and_shrinks(target, unrelated_draft,
 
 def test_draft_length_work_is_bounded_whatever_k_max(monkeypatch):
     """Issue #30 item 3: maxDraft 1e9 made next_k scan range(1e9) inside one decode step."""
-    from specdec.adaptive import K_LIMIT
+    from specdec.limits import MAX_DRAFT
 
-    assert DraftLength(k_max=10**9, adaptive=False).next_k(10**9) == K_LIMIT
+    assert DraftLength(k_max=10**9, adaptive=False).next_k(10**9) == MAX_DRAFT
     calls = []
     original = DraftLength.tokens_per_cost
 
     def counted(self, k):
         calls.append(k)
-        assert len(calls) <= 2 * K_LIMIT, "next_k does work in proportion to k_max"
+        assert len(calls) <= 2 * MAX_DRAFT, "next_k does work in proportion to k_max"
         return original(self, k)
 
     monkeypatch.setattr(DraftLength, "tokens_per_cost", counted)
-    assert 1 <= DraftLength(k_max=10**9, acceptance=0.999, draft_cost=0.0).next_k(10**9) <= K_LIMIT
+    assert 1 <= DraftLength(k_max=10**9, acceptance=0.999, draft_cost=0.0).next_k(10**9) <= MAX_DRAFT
     monkeypatch.setattr(DraftLength, "tokens_per_cost", original)
     for a in (0.0, 0.2, 0.5, 0.8, 0.95, 0.99, 1.0):  # the early stop finds the same k as a full scan
         for cost in (0.0, 0.05, 0.4, 2.0):

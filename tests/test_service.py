@@ -395,3 +395,13 @@ def test_a_load_that_raises_anything_ends_failed(tmp_path, monkeypatch, error):
     host = ModelHost()
     host.load(Settings().update({"target": str(tmp_path), "draft": ""}))
     assert host.state == "failed" and type(error).__name__ in host.error and not host.ready
+
+
+def test_target_quant_setting_serves_the_quantized_target(tiny_pair):
+    """targetQuant reaches the load: int4 layers where the GGUF layout fits, and a change reloads the models."""
+    from specdec.int4 import Int4Linear, Int8ChannelLinear
+
+    host, settings = loaded_host(tiny_pair, targetQuant="int8")
+    layer = host.completer.session.target.model.model.layers[0].mlp.up_proj
+    assert isinstance(layer, (Int4Linear, Int8ChannelLinear))
+    assert settings.models_differ(settings.update({"targetQuant": "none"}))

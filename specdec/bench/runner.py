@@ -88,12 +88,12 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     from specdec.completion import Completer
     from specdec.engine import GenerationConfig, Session
     from specdec.models import load_pair
-    from specdec.strategies import make_drafter
+    from specdec.strategies import make_drafter, needs_draft_model
 
     languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
     sources = local_sources(args.files) if args.files else SOURCES
     holes = load_workload(languages, args.holes or 2, sources)
-    needs_draft = any(s in ("hf-assisted", "draft", "auto") for s in strategies)
+    needs_draft = any(s == "hf-assisted" or needs_draft_model(s) for s in strategies)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
                      adapter=args.adapter, target_quant=args.target_quant)
     target, tokenizer = pair.target.model, pair.target.tokenizer

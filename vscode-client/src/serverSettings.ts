@@ -7,6 +7,7 @@ export interface ServerSettings {
   strategy: string;
   dtype: string;
   draftQuant: string;
+  targetQuant: string;
   maxNewTokens: number;
   maxDraft: number;
   temperature: number;
@@ -30,6 +31,7 @@ export const SERVER_DEFAULTS: ServerSettings = {
   strategy: "auto",
   dtype: "auto",
   draftQuant: "int8",
+  targetQuant: "none",
   maxNewTokens: 64,
   maxDraft: 8,
   temperature: 0.0,
@@ -53,6 +55,7 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "strategy",
   "dtype",
   "draftQuant",
+  "targetQuant",
   "maxNewTokens",
   "maxDraft",
   "temperature",
