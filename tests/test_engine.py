@@ -95,8 +95,8 @@ def test_draft_length_work_is_bounded_whatever_k_max(monkeypatch):
     monkeypatch.setattr(DraftLength, "tokens_per_cost", original)
     for a in (0.0, 0.2, 0.5, 0.8, 0.95, 0.99, 1.0):  # the early stop finds the same k as a full scan
         for cost in (0.0, 0.05, 0.4, 2.0):
-            length = DraftLength(k_max=40, acceptance=a, draft_cost=cost)
-            assert length.next_k(40) == max(range(1, 41), key=length.tokens_per_cost), (a, cost)
+            length = DraftLength(k_max=MAX_DRAFT, acceptance=a, draft_cost=cost)
+            assert length.next_k(MAX_DRAFT) == max(range(1, MAX_DRAFT + 1), key=length.tokens_per_cost), (a, cost)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
