@@ -22,8 +22,9 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.hardware import native_bf16
-from specdec.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
-from specdec.models import DRAFT_QUANT, swap_int8
+from specdec.models.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
+from specdec.models.choices import DRAFT_QUANT
+from specdec.models.quantize import swap_int8
 
 OBJECTIVES = ("distill", "lm", "mixed", "argmax", "tvd")
 

@@ -4,12 +4,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.acceptance import Verdict, expected_tokens_per_pass, verify, verify_probabilities
-from specdec.draft_model import DraftModel
-from specdec.adaptive import DraftLength
-from specdec.engine import GenerationConfig, Session
-from specdec.prompt_lookup import PromptLookup
-from specdec.sampling import SamplingConfig, probabilities
+from specdec.engine.acceptance import Verdict, expected_tokens_per_pass, verify, verify_probabilities
+from specdec.engine.drafters.draft_model import DraftModel
+from specdec.engine.draft_length import DraftLength
+from specdec.engine.session import GenerationConfig, Session
+from specdec.engine.drafters.prompt_lookup import PromptLookup
+from specdec.engine.sampling import SamplingConfig, probabilities
 
 N = 6000
 

@@ -5,14 +5,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec.adaptive import DraftLength
-from specdec.draft_model import DraftModel
-from specdec.drafting import Composite
-from specdec.engine import CancelToken, GenerationConfig, Session, greedy_reference
+from specdec.engine.draft_length import DraftLength
+from specdec.engine.drafters.draft_model import DraftModel
+from specdec.engine.drafters.composite import Composite
+from specdec.engine.session import CancelToken, GenerationConfig, Session, greedy_reference
 from specdec.errors import SpecdecError
-from specdec.models import check_same_tokenizer
-from specdec.prompt_lookup import PromptLookup
-from specdec.strategies import make_session
+from specdec.models.loading import check_same_tokenizer
+from specdec.engine.drafters.prompt_lookup import PromptLookup
+from specdec.engine.strategies import make_session
 
 MAX_NEW = 24
 
@@ -79,7 +79,7 @@ def test_unrelated_draft_is_mostly_rejected_and_shrinks(target, unrelated_draft,
 
 def test_draft_length_work_is_bounded_whatever_k_max(monkeypatch):
     """Issue #30 item 3: maxDraft 1e9 made next_k scan range(1e9) inside one decode step."""
-    from specdec.limits import MAX_DRAFT
+    from specdec.engine.limits import MAX_DRAFT
 
     assert DraftLength(k_max=10**9, adaptive=False).next_k(10**9) == MAX_DRAFT
     calls = []
@@ -95,8 +95,8 @@ def test_draft_length_work_is_bounded_whatever_k_max(monkeypatch):
     monkeypatch.setattr(DraftLength, "tokens_per_cost", original)
     for a in (0.0, 0.2, 0.5, 0.8, 0.95, 0.99, 1.0):  # the early stop finds the same k as a full scan
         for cost in (0.0, 0.05, 0.4, 2.0):
-            length = DraftLength(k_max=40, acceptance=a, draft_cost=cost)
-            assert length.next_k(40) == max(range(1, 41), key=length.tokens_per_cost), (a, cost)
+            length = DraftLength(k_max=MAX_DRAFT, acceptance=a, draft_cost=cost)
+            assert length.next_k(MAX_DRAFT) == max(range(1, MAX_DRAFT + 1), key=length.tokens_per_cost), (a, cost)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -248,7 +248,7 @@ def test_int8_prefill_keeps_ordinary_rows_beside_a_massive_one():
     rows of unlike magnitude are quantized apart, and a decode step's single row is exact as before."""
     import warnings
 
-    from specdec.int8 import Int8Linear
+    from specdec.models.int8 import Int8Linear
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(128, 64)
@@ -276,8 +276,8 @@ def test_int8_down_fp32_draft_survives_activation_outliers():
     import tiny
     from peft import LoraConfig, get_peft_model
 
-    from specdec.int8 import Int8Linear
-    from specdec.models import quantize_draft
+    from specdec.models.int8 import Int8Linear
+    from specdec.models.quantize import quantize_draft
 
     torch.manual_seed(0)
     hidden = torch.randn(1, 8, 128)
@@ -309,8 +309,8 @@ def test_auto_dtype_is_bf16_only_where_the_hardware_computes_it(monkeypatch, tmp
     import tiny
 
     from specdec import hardware
-    from specdec.int8 import Int8Linear
-    from specdec.models import load, torch_dtype
+    from specdec.models.int8 import Int8Linear
+    from specdec.models.loading import load, torch_dtype
 
     monkeypatch.setattr(hardware, "native_bf16", lambda device="cpu": native)
     expected = torch.bfloat16 if native else torch.float32

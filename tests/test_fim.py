@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec import fim
+from specdec.prompts import fim
 from specdec.errors import SpecdecError
 
 

@@ -13,7 +13,7 @@ from adapters.registry import AdapterMeta, Registry, check_base, repo_identity
 from finetune.dataset import SampleBuilder, split_files
 from finetune.files import select
 from finetune.run import finetune_repo
-from specdec import fim
+from specdec.prompts import fim
 from specdec.errors import SpecdecError
 
 SECRETS = ("sk-abcdefghijklmnopqrstuvwxyz123456", "AKIAABCDEFGHIJKLMNOP", "BEGIN RSA PRIVATE KEY",
@@ -195,8 +195,8 @@ def test_finetune_raises_acceptance_and_registers(tmp_path, pair):
 
 def test_sampled_evaluation_accepts_every_token_of_a_draft_that_is_the_target_and_is_seeded(tmp_path, pair):
     from finetune.evaluate import holes_for, measure
-    from specdec.models import load
-    from specdec.sampling import SamplingConfig
+    from specdec.models.loading import load
+    from specdec.engine.sampling import SamplingConfig
 
     holes = holes_for(split_files(select(make_repo(tmp_path / "repo", files=4, git=False)), 0.0).train, 2, 0)
     target, draft = load(str(pair[0]), "fp32"), load(str(pair[1]), "fp32")
@@ -317,9 +317,8 @@ def random_adapter(path, seed: int, **lora):
 def test_switchable_draft_swaps_adapters_on_an_int8_base(tmp_path, monkeypatch):
     import torch
 
-    import specdec.lora
-
-    from specdec.lora import SwitchableDraft
+    import specdec.models.lora as lora
+    from specdec.models.lora import SwitchableDraft
 
     paths = {name: random_adapter(tmp_path / name, seed) for name, seed in (("a", 1), ("b", 2))}
     draft = SwitchableDraft(tiny.model(seed=2))
@@ -334,7 +333,7 @@ def test_switchable_draft_swaps_adapters_on_an_int8_base(tmp_path, monkeypatch):
     assert not torch.allclose(out_a, base) and not torch.allclose(out_a, out_b)
     rebuilt = [layer for layer, base in draft.folded["a"].items() if base is not draft.int8_bases[layer][0]]
     assert len(rebuilt) == 4  # q_proj and down_proj of two layers; the other modules share the base's int8
-    monkeypatch.setattr(specdec.lora, "FOLDED_KEPT", 1)
+    monkeypatch.setattr(lora, "FOLDED_KEPT", 1)
     draft.activate("b")  # "a" dropped
     draft.activate("a")  # and rebuilt the same
     assert list(draft.folded) == ["a"] and torch.equal(draft.model(ids).logits, out_a)
@@ -426,7 +425,7 @@ def test_a_broken_adapter_falls_back_to_the_base_draft_with_a_warning(tmp_path, 
     import torch
 
     from lsp_server.service import ModelHost
-    from specdec.lora import SwitchableDraft
+    from specdec.models.lora import SwitchableDraft
 
     draft = SwitchableDraft(tiny.model(seed=2))
     ids = torch.tensor([[10, 11, 12, 13]])
@@ -463,8 +462,8 @@ def test_lean_lora_forward_computes_what_pefts_does(tmp_path, quant):
 
     from peft import PeftModel
 
-    from specdec.lean_lora import use_lean_lora
-    from specdec.models import quantize_draft
+    from specdec.models.lean_lora import use_lean_lora
+    from specdec.models.quantize import quantize_draft
 
     model = PeftModel.from_pretrained(tiny.model(seed=2), random_adapter(tmp_path / "a", 1, lora_dropout=0.5))
     use_lean_lora(model)
@@ -503,7 +502,8 @@ async def test_server_uses_each_workspaces_adapter_and_hot_swaps_a_new_one(tmp_p
     from lsprotocol import types
 
     import lsp_client as lc
-    from specdec.models import LoadedModel, resolve
+    from specdec.models.loading import LoadedModel
+    from specdec.models.store import resolve
 
     target, draft = pair
     repo_a, repo_b = make_repo(tmp_path / "a", files=4), make_repo(tmp_path / "b", files=4)
@@ -694,8 +694,8 @@ def test_bench_runs_an_adapter_over_the_int8_draft_exactly_as_the_server_does(tm
     import torch
     from peft import PeftModel
 
-    from specdec.lora import SwitchableDraft
-    from specdec.models import load_pair
+    from specdec.models.lora import SwitchableDraft
+    from specdec.models.loading import load_pair
 
     random_adapter(tmp_path / "adapter", 0)
     peft_model = PeftModel.from_pretrained(tiny.model(seed=2), tmp_path / "adapter")
@@ -716,7 +716,7 @@ def test_bench_runs_an_adapter_over_the_int8_draft_exactly_as_the_server_does(tm
 def test_int8_layer_passes_gradients_through_its_dequantized_weight():
     import torch
 
-    from specdec.int8 import Int8Linear
+    from specdec.models.int8 import Int8Linear
 
     torch.manual_seed(0)
     layer = Int8Linear(torch.nn.Linear(16, 8))
@@ -734,7 +734,7 @@ def test_lora_trained_over_the_int8_draft_fits_the_draft_the_server_runs(tmp_pat
 
     from finetune.evaluate import as_served
     from finetune.train import TrainConfig, collate, loss_fn, pad_token_id, train
-    from specdec.int8 import Int8Linear
+    from specdec.models.int8 import Int8Linear
 
     samples = training_samples(tmp_path, tok, files=3, count=8)
     target, draft = tiny.model(seed=1), tiny.model(seed=2)

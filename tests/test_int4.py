@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.engine import GenerationConfig, Session, greedy_reference
-from specdec.gguf_quant import GROUP, int8_per_channel, q4k_codes, quantize_q4k, read_qwen2_linears
-from specdec.int4 import Int4Linear, Int8ChannelLinear, TargetQuantConfig, quantize_target
-from specdec.strategies import make_session
+from specdec.engine.session import GenerationConfig, Session, greedy_reference
+from specdec.models.gguf_codes import GROUP, int8_per_channel, q4k_codes, quantize_q4k, read_qwen2_linears
+from specdec.models.int4 import Int4Linear, Int8ChannelLinear, TargetQuantConfig, quantize_target
+from specdec.engine.strategies import make_session
 
 HIDDEN = 256  # the smallest width Q4_K's 256-weight super-blocks fit
 PROMPTS = ["def add(a, b):\n    return", "class Point:\n    def", "for i in range(10):\n  ",
@@ -171,9 +171,9 @@ def test_quantize_target_rejects_unknown_modes():
 def test_real_int4_target_fim_completion_is_lossless(monkeypatch):
     import os
 
-    from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specdec.completion import Completer
-    from specdec.models import load_pair
+    from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specdec.prompts.completion import Completer
+    from specdec.models.loading import load_pair
 
     if "SPECDEC_TEST_REAL_CACHE" not in os.environ:
         monkeypatch.delenv("SPECDEC_CACHE_DIR", raising=False)
@@ -193,7 +193,7 @@ def test_real_int4_target_fim_completion_is_lossless(monkeypatch):
 def test_load_pair_target_quant(tmp_path, mode):
     import tiny
 
-    from specdec.models import load_pair
+    from specdec.models.loading import load_pair
 
     path = tiny.save(tmp_path, seed=1, hidden=HIDDEN)
     pair = load_pair(str(path), str(path), dtype="bf16", target_quant=mode)
@@ -209,7 +209,7 @@ def test_load_pair_rejects_an_unknown_target_quant(tmp_path):
     import tiny
 
     from specdec.errors import SpecdecError
-    from specdec.models import load_pair
+    from specdec.models.loading import load_pair
 
     with pytest.raises(SpecdecError, match="int3"):
         load_pair(str(tiny.save(tmp_path, hidden=HIDDEN)), None, target_quant="int3")

@@ -11,7 +11,7 @@ from lsprotocol import types
 from lsp_server.server import SUFFIX_WINDOW, create_server, inline_item, line_start, window
 from lsp_server.service import ModelHost
 from lsp_server.settings import Settings
-from specdec.engine import CancelToken, Generation, GenerationStats
+from specdec.engine.session import CancelToken, Generation, GenerationStats
 
 
 class ScriptedCompleter:

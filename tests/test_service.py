@@ -10,7 +10,7 @@ import pytest
 from lsp_server.metrics import MetricsStore
 from lsp_server.service import CompletionRequest, CompletionService
 from lsp_server.settings import Settings, SettingsError
-from specdec.engine import GenerationStats
+from specdec.engine.session import GenerationStats
 
 
 class FakeHost:
@@ -186,7 +186,7 @@ def test_schema_is_complete_and_defaults_are_valid():
     from dataclasses import fields
 
     from lsp_server.settings import schema
-    from specdec.fim import TEMPLATES
+    from specdec.prompts.fim import TEMPLATES
 
     Settings().validate()
     rows = {row["key"]: row for row in schema()}
@@ -242,8 +242,8 @@ async def test_hits_are_attributed_to_their_own_workspaces_adapter(tmp_path):
 def test_first_run_pulls_catalog_models_with_progress_then_loads(tmp_path, monkeypatch):
     import tiny
     from lsp_server.service import ModelHost
-    from specdec import models
-    from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specdec.models import store as models
+    from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
     pulled = []
 
@@ -340,7 +340,7 @@ def test_reconfiguration_waits_for_the_running_generation(tiny_pair):
     """Issue #30 item 6: apply() swapped session.drafter under a running generation ('NoneType' ... 'observe')."""
     import threading
 
-    from specdec.engine import GenerationConfig
+    from specdec.engine.session import GenerationConfig
 
     host, settings = loaded_host(tiny_pair, strategy="draft")
     session = host.completer.session
@@ -369,7 +369,7 @@ def test_reconfiguration_waits_for_the_running_generation(tiny_pair):
 
 def test_a_valid_fim_family_change_rebuilds_the_template(tiny_pair):
     """Issue #30 item 5: a runtime fimFamily change was ignored."""
-    from specdec import fim
+    from specdec.prompts import fim
 
     host, settings = loaded_host(tiny_pair)
     assert host.completer.template.family == "qwen"
@@ -385,13 +385,13 @@ def test_a_valid_fim_family_change_rebuilds_the_template(tiny_pair):
 def test_a_load_that_raises_anything_ends_failed(tmp_path, monkeypatch, error):
     """Issue #30 item 6: a load thread raising e.g. ImportError stayed in 'loading' forever."""
     from lsp_server.service import ModelHost
-    from specdec import models
+    from specdec.models import loading, store
 
     def broken(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(models, "ensure_local", lambda spec, progress: None)
-    monkeypatch.setattr(models, "load_pair", broken)
+    monkeypatch.setattr(store, "ensure_local", lambda spec, progress: None)
+    monkeypatch.setattr(loading, "load_pair", broken)
     host = ModelHost()
     host.load(Settings().update({"target": str(tmp_path), "draft": ""}))
     assert host.state == "failed" and type(error).__name__ in host.error and not host.ready
@@ -399,7 +399,7 @@ def test_a_load_that_raises_anything_ends_failed(tmp_path, monkeypatch, error):
 
 def test_target_quant_setting_serves_the_quantized_target(tiny_pair):
     """targetQuant reaches the load: int4 layers where the GGUF layout fits, and a change reloads the models."""
-    from specdec.int4 import Int4Linear, Int8ChannelLinear
+    from specdec.models.int4 import Int4Linear, Int8ChannelLinear
 
     host, settings = loaded_host(tiny_pair, targetQuant="int8")
     layer = host.completer.session.target.model.model.layers[0].mlp.up_proj

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-import specdec.acceptance as acceptance
-from specdec.acceptance import verify, verify_tree, verify_tree_probabilities
-from specdec.sampling import SamplingConfig
-from specdec.tree import DETERMINISTIC, DRAWN, ROOT, WITH_REPLACEMENT, WITHOUT_REPLACEMENT, TokenTree
+import specdec.engine.acceptance as acceptance
+from specdec.engine.acceptance import verify, verify_tree, verify_tree_probabilities
+from specdec.engine.sampling import SamplingConfig
+from specdec.engine.tree import DETERMINISTIC, DRAWN, ROOT, WITH_REPLACEMENT, WITHOUT_REPLACEMENT, TokenTree
 
 V = 6  # vocabulary
 N = 5000  # trials per chi-square test

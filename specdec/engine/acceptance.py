@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import SamplingConfig, probabilities, sample
-from specdec.tree import DETERMINISTIC, ROOT, WITHOUT_REPLACEMENT, Drawn, TokenTree
+from specdec.engine.sampling import SamplingConfig, probabilities, sample
+from specdec.engine.tree import DETERMINISTIC, ROOT, WITHOUT_REPLACEMENT, Drawn, TokenTree
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.acceptance import expected_tokens_per_pass
-from specdec.limits import MAX_DRAFT  # whatever a caller asks
+from specdec.engine.acceptance import expected_tokens_per_pass
+from specdec.engine.limits import MAX_DRAFT  # whatever a caller asks
 
 
 

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from specdec.acceptance import verify
-from specdec.drafting import Draft, Drafter
-from specdec.kv import Cancelled, KVModel
-from specdec.sampling import SamplingConfig
+from specdec.engine.acceptance import verify
+from specdec.engine.drafters.base import Draft, Drafter
+from specdec.engine.kv import Cancelled, KVModel
+from specdec.engine.sampling import SamplingConfig
 
 StopPredicate = Callable[[str], "int | None"]
 """Given the decoded completion so far, return a cut position to stop there, or None to go on."""

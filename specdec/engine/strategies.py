@@ -14,10 +14,10 @@ def needs_draft_model(strategy: str) -> bool:
 
 
 def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_draft: int = 8):
-    from specdec.adaptive import DraftLength
-    from specdec.draft_model import DraftModel
-    from specdec.drafting import Composite
-    from specdec.prompt_lookup import PromptLookup
+    from specdec.engine.draft_length import DraftLength
+    from specdec.engine.drafters.draft_model import DraftModel
+    from specdec.engine.drafters.composite import Composite
+    from specdec.engine.drafters.prompt_lookup import PromptLookup
 
     if strategy not in STRATEGIES:
         raise SpecdecError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
@@ -38,7 +38,7 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
 
 def make_session(target, tokenizer, strategy: str, draft_model=None, stop_token_ids=(), adaptive: bool = True,
                  max_draft: int = 8):
-    from specdec.engine import Session
+    from specdec.engine.session import Session
 
     drafter = make_drafter(strategy, draft_model, adaptive, max_draft)
     return Session(target, tokenizer, drafter, stop_token_ids, strategy=strategy)

@@ -21,10 +21,18 @@ from pathlib import Path
 
 import torch
 
-from specdec.models import TARGET_QUANT
-from specdec.limits import MAX_DRAFT
-from specdec.gguf_quant import GROUP, QK_K, Int4Codes, Int8Codes, int8_per_channel, q4k_codes, quantize_q4k, \
-    read_qwen2_linears
+from specdec.models.choices import TARGET_QUANT
+from specdec.engine.limits import MAX_DRAFT
+from specdec.models.gguf_codes import (
+    GROUP,
+    QK_K,
+    Int4Codes,
+    Int8Codes,
+    int8_per_channel,
+    q4k_codes,
+    quantize_q4k,
+    read_qwen2_linears,
+)
 
 # Rows per call above which Int4Linear switches to its dense bf16 copy. int4 beats bf16 up to
 # 4-8 rows (`specdec bench --kernels`, docs/benchmarks.md), but exactness decides (see above):

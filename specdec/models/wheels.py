@@ -17,7 +17,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from specdec.catalog import WheelSource
+from specdec.models.catalog import WheelSource
 from specdec.errors import SpecdecError
 from specdec.paths import wheels_dir
 

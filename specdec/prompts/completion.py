@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec import fim
-from specdec.engine import Generation, GenerationConfig, Session, StopPredicate, CancelToken
+from specdec.prompts import fim
+from specdec.engine.session import Generation, GenerationConfig, Session, StopPredicate, CancelToken
 from specdec.errors import SpecdecError
 
 

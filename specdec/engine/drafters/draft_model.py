@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from specdec.adaptive import DraftLength
-from specdec.drafting import Draft
-from specdec.kv import KVModel
-from specdec.sampling import SamplingConfig, probabilities, sample
+from specdec.engine.draft_length import DraftLength
+from specdec.engine.drafters.base import Draft
+from specdec.engine.kv import KVModel
+from specdec.engine.sampling import SamplingConfig, probabilities, sample
 
 
 class DraftModel:

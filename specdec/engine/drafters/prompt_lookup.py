@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.adaptive import DraftLength
-from specdec.drafting import Draft
+from specdec.engine.draft_length import DraftLength
+from specdec.engine.drafters.base import Draft
 
 
 @dataclass
