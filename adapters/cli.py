@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from adapters.registry import Registry
+from specdec_adapters.registry import Registry
 
 
 def _split(name: str) -> tuple[str, str | None]:

@@ -13,9 +13,9 @@ from argparse import ArgumentParser, Namespace
 from copy import copy
 from pathlib import Path
 
-from adapters.registry import Registry
-from finetune.run import finetune_repo
-from finetune.run import register as register_finetune
+from specdec_adapters.registry import Registry
+from specdec_finetune.run import finetune_repo
+from specdec_finetune.run import register as register_finetune
 
 
 def _finetune_args(args, **overrides) -> Namespace:
@@ -83,7 +83,7 @@ def run(args) -> int:
 
 def _compare(args, objectives: list[str]) -> int:
     """Several objectives: the same budget each, scored by held-out top-1 agreement (finetune/compare.py)."""
-    from finetune.compare import compare_objectives, print_scores, score_dicts
+    from specdec_finetune.compare import compare_objectives, print_scores, score_dicts
 
     compare_args = _finetune_args(args, max_steps=100_000, heldout_samples=10)
     scores = compare_objectives(compare_args, objectives)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from finetune.dataset import SampleBuilder
-from finetune.evaluate import as_served
-from finetune.run import MAX_SAMPLES, split_repo, train_config
-from finetune.train import collate, pad_token_id, train
+from specdec_finetune.dataset import SampleBuilder
+from specdec_finetune.evaluate import as_served
+from specdec_finetune.run import MAX_SAMPLES, split_repo, train_config
+from specdec_finetune.train import collate, pad_token_id, train
 from specdec.prompts import fim
 
 

@@ -7,11 +7,11 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from adapters.registry import AdapterMeta, Registry, repo_identity
-from finetune.dataset import SampleBuilder, split_files
-from finetune.evaluate import as_served, holes_for, measure
-from finetune.files import select
-from finetune.train import OBJECTIVES, TrainConfig, discard_checkpoint, train
+from specdec_adapters.registry import AdapterMeta, Registry, repo_identity
+from specdec_finetune.dataset import SampleBuilder, split_files
+from specdec_finetune.evaluate import as_served, holes_for, measure
+from specdec_finetune.files import select
+from specdec_finetune.train import OBJECTIVES, TrainConfig, discard_checkpoint, train
 from specdec.prompts import fim
 from specdec.errors import SpecdecError
 from specdec.models.lora import TARGET_MODULES  # the modules the server can switch per workspace

@@ -214,7 +214,7 @@ class ModelHost:
         """The newest registered adapter of the workspace's repository made for this draft, or None."""
         if self.switchable is None or not workspace:
             return None
-        from adapters.registry import Registry, repo_identity
+        from specdec_adapters.registry import Registry, repo_identity
 
         registry = Registry()
         stamp = registry.root.stat().st_mtime_ns + sum(p.stat().st_mtime_ns for p in registry.root.iterdir())
@@ -238,7 +238,7 @@ class ModelHost:
             changed = self.switchable.activate(None)
             self.adapter = ""
         else:
-            from adapters.registry import Registry
+            from specdec_adapters.registry import Registry
             from specdec.errors import SpecdecError
 
             try:

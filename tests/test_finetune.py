@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 import tiny
-from adapters.registry import AdapterMeta, Registry, check_base, repo_identity
-from finetune.dataset import SampleBuilder, split_files
-from finetune.files import select
-from finetune.run import finetune_repo
+from specdec_adapters.registry import AdapterMeta, Registry, check_base, repo_identity
+from specdec_finetune.dataset import SampleBuilder, split_files
+from specdec_finetune.files import select
+from specdec_finetune.run import finetune_repo
 from specdec.prompts import fim
 from specdec.errors import SpecdecError
 
@@ -119,7 +119,7 @@ def plant_secrets(root: Path) -> dict[str, str]:
 
 def test_nine_kinds_of_planted_secret_never_reach_the_finetune_dataset(tmp_path, tok):
     """Issue #30.14: each of these reached the dataset (2000 decoded samples); digests must not be dropped."""
-    from finetune.run import split_repo
+    from specdec_finetune.run import split_repo
 
     root = make_repo(tmp_path / "repo", files=4, git=False)
     secrets = plant_secrets(root)
@@ -151,7 +151,7 @@ def pair(tmp_path_factory):
     """A target that knows the repository's idiom (trained here on the same FIM/plain mix), a draft that does not."""
     import torch
 
-    from finetune.train import collate
+    from specdec_finetune.train import collate
 
     root = tmp_path_factory.mktemp("models")
     tok = tiny.tokenizer()
@@ -194,7 +194,7 @@ def test_finetune_raises_acceptance_and_registers(tmp_path, pair):
 
 
 def test_sampled_evaluation_accepts_every_token_of_a_draft_that_is_the_target_and_is_seeded(tmp_path, pair):
-    from finetune.evaluate import holes_for, measure
+    from specdec_finetune.evaluate import holes_for, measure
     from specdec.models.loading import load
     from specdec.engine.sampling import SamplingConfig
 
@@ -274,7 +274,7 @@ def test_registry_round_trip_and_refusals(tmp_path, pair):
 def test_repository_identity_is_a_usable_adapter_key_for_any_folder_name(tmp_path):
     """Issue #30.10: a folder name with no [A-Za-z0-9._-] character (or the root, from file:///) made every
     completion in it fail with "is not a usable adapter name"."""
-    from adapters.registry import sanitize
+    from specdec_adapters.registry import sanitize
 
     adapter = random_adapter(tmp_path / "adapter", 1)
     registry = Registry()
@@ -382,7 +382,7 @@ def test_import_refuses_duplicate_members_bombs_and_broken_weights_and_export_er
         tmp_path, monkeypatch, capsys):
     """Issue #30.13: a second (hostile) meta.json won, a gzip bomb had no limit, garbage / wrong-shape / NaN
     weights were imported; `adapters export` to a missing folder printed a traceback."""
-    import adapters.registry
+    import specdec_adapters.registry
     from specdec.cli import main
 
     adapter = random_adapter(tmp_path / "adapter", 1)
@@ -558,7 +558,7 @@ async def test_server_uses_each_workspaces_adapter_and_hot_swaps_a_new_one(tmp_p
 
 
 def test_objective_comparison_scores_each_objective_from_the_same_base(tmp_path, pair, capsys):
-    from finetune.compare import compare_objectives, implied_acceptance, print_scores
+    from specdec_finetune.compare import compare_objectives, implied_acceptance, print_scores
 
     repo = make_repo(tmp_path / "repo")
     args = args_for(repo, pair, max_steps=30, heldout_samples=6, batch_size=4)
@@ -576,7 +576,7 @@ def test_objective_comparison_scores_each_objective_from_the_same_base(tmp_path,
 def test_repo_vocabulary_restricts_both_models_to_the_repos_tokens(tok):
     import torch
 
-    from finetune.train import Vocabulary, loss_fn, output_logits
+    from specdec_finetune.train import Vocabulary, loss_fn, output_logits
 
     samples = [tok.encode("def add(a, b):\n    return a + b\n"), tok.encode("for i in range(10):\n")]
     vocab = Vocabulary.of(samples, tok, len(tok))
@@ -603,7 +603,7 @@ def test_repo_vocabulary_restricts_both_models_to_the_repos_tokens(tok):
 def test_length_bucketed_batches_use_every_sample_once_with_little_padding():
     import random
 
-    from finetune.train import length_bucketed_batches
+    from specdec_finetune.train import length_bucketed_batches
 
     rng = random.Random(0)  # like the real pool: FIM samples of ~200 tokens, full-length windows of 384
     samples = [[1] * (rng.randint(150, 260) if rng.random() < 0.7 else 384) for _ in range(301)]
@@ -638,7 +638,7 @@ def random_loss_inputs():
 def test_argmax_objective_is_cross_entropy_toward_the_targets_top_token():
     import torch
 
-    from finetune.train import loss_fn
+    from specdec_finetune.train import loss_fn
 
     draft, target, mask, code, valid = random_loss_inputs()
     expected = torch.nn.functional.cross_entropy(draft[:, :-1][valid], target[:, :-1].argmax(-1)[valid])
@@ -654,7 +654,7 @@ def test_argmax_objective_is_cross_entropy_toward_the_targets_top_token():
 def test_tvd_objective_is_the_mean_total_variation_distance_to_the_target():
     import torch
 
-    from finetune.train import loss_fn
+    from specdec_finetune.train import loss_fn
 
     draft, target, mask, code, valid = random_loss_inputs()
     p, q = target[:, :-1].softmax(-1)[valid], draft[:, :-1].softmax(-1)[valid]
@@ -669,7 +669,7 @@ def test_tvd_objective_is_the_mean_total_variation_distance_to_the_target():
 def test_top_layers_and_bf16_training_leave_the_base_draft_exactly_as_it_was(tmp_path, tok):
     import torch
 
-    from finetune.train import TrainConfig, train
+    from specdec_finetune.train import TrainConfig, train
 
     draft = tiny.model(seed=2, layers=3)
     for p in draft.parameters():  # bf16-representable weights, as the cached real models are
@@ -732,8 +732,8 @@ def test_int8_layer_passes_gradients_through_its_dequantized_weight():
 def test_lora_trained_over_the_int8_draft_fits_the_draft_the_server_runs(tmp_path, tok):
     import torch
 
-    from finetune.evaluate import as_served
-    from finetune.train import TrainConfig, collate, loss_fn, pad_token_id, train
+    from specdec_finetune.evaluate import as_served
+    from specdec_finetune.train import TrainConfig, collate, loss_fn, pad_token_id, train
     from specdec.models.int8 import Int8Linear
 
     samples = training_samples(tmp_path, tok, files=3, count=8)
@@ -768,7 +768,7 @@ def test_training_refuses_several_processes_before_touching_the_draft(tmp_path, 
 
     import accelerate
 
-    from finetune import train as train_module
+    from specdec_finetune import train as train_module
 
     class TwoProcesses(accelerate.Accelerator):
         num_processes = 2
@@ -784,7 +784,7 @@ def test_training_refuses_several_processes_before_touching_the_draft(tmp_path, 
 
 
 def test_finetune_bench_trains_with_the_finetune_commands_own_defaults():
-    from finetune.bench import _finetune_args
+    from specdec_finetune.bench import _finetune_args
 
     bench = SimpleNamespace(finetune="/repo", target="T", draft="D", dtype="fp32", max_minutes=6.0,
                             draft_quant="int8-down-fp32")
