@@ -20,7 +20,7 @@ from specdec.engine.sampling import SamplingConfig
 
 def as_served(draft, quant: str):
     """A copy of the draft as the server runs it: its LoRA adapter, if any, folded into the
-    full-precision weights, then quantized as `quant` says (specdec.lora)."""
+    full-precision weights, then quantized as `quant` says (specdec.models.lora)."""
     from specdec.models.quantize import quantize_draft
 
     model = copy.deepcopy(draft)

@@ -69,7 +69,7 @@ class Plan:
     completer: object  # specdec.completion.Completer
     draft_model: object  # None without a draft model
     drafter: object
-    template: object  # specdec.fim.FimTemplate
+    template: object  # specdec.prompts.fim.FimTemplate
     stops: frozenset[int]
     base_stops: frozenset[int]  # the session's stop ids before the template's
 

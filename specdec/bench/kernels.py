@@ -1,7 +1,7 @@
 """`specdec bench --kernels`: the target's matmul kernels per shape and row count, then whole-model steps.
 
 Rows are the tokens in one call: 1 for a decode step, k + 1 for a verify pass, up to 64 for a
-prefill chunk (specdec.kv.PREFILL_CHUNK), 512 for an unchunked prefill. Shapes are the 1.5B
+prefill chunk (specdec.engine.kv.PREFILL_CHUNK), 512 for an unchunked prefill. Shapes are the 1.5B
 target's (out x in). Each kernel is timed on the same random weight in the same process,
 back to back, so their ratios hold even on a loaded machine; absolute times do not.
 The whole-model part runs each target quantization in its own process, for its peak RSS.

@@ -188,7 +188,7 @@ class SwitchableDraft:
 
 def apply_adapter(model, adapter_dir: str):
     """A peft LoRA adapter folded into the draft's full-precision weights, before any quantization,
-    as the server serves it (specdec.lora): see FOLDING there for why folded beats beside."""
+    as the server serves it (specdec.models.lora): see FOLDING there for why folded beats beside."""
     from peft import PeftModel
 
     if not (Path(adapter_dir) / "adapter_config.json").is_file():

@@ -17,7 +17,7 @@ import pytest
 import tiny
 from lsp_server.metrics import aggregate, load_records
 
-CLIENT = Path(__file__).resolve().parent.parent / "vscode-client"
+CLIENT = Path(__file__).resolve().parents[2] / "vscode-client"
 E2E_DIR = Path(os.environ.get("SPECDEC_E2E_DIR", Path.home() / ".cache" / "specdec" / "vscode-e2e"))
 
 

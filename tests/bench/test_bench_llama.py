@@ -7,7 +7,7 @@ import pytest
 
 from specdec.bench import llama
 
-RECORDED = json.loads((Path(__file__).parent / "data" / "llama_completion.json").read_text())
+RECORDED = json.loads((Path(__file__).parent.parent / "data" / "llama_completion.json").read_text())
 
 
 def test_request_is_greedy_exact_ids_with_the_prompt_cache():

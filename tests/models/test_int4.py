@@ -1,7 +1,6 @@
 """The int4/int8 target: exact GGUF codes, kernels that match their dequantized weights, and
 greedy speculative output that equals plain greedy over the same quantized target."""
 
-import numpy as np
 import pytest
 import torch
 
