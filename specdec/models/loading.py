@@ -12,23 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecdecError
-from specdec.models.choices import DTYPES, KEPT_FP32
+from specdec.hardware import torch_dtype
+from specdec.models.choices import KEPT_FP32
 from specdec.models.lora import apply_adapter
 from specdec.models.quantize import quantize_draft, quantize_target
 from specdec.models.store import resolve
-
-
-def torch_dtype(name: str, device: str = "cpu"):
-    import torch
-
-    from specdec.hardware import compute_dtype
-
-    if name == "auto":
-        return compute_dtype(device)
-    try:
-        return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
-    except KeyError:
-        raise SpecdecError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
 
 
 @dataclass

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from specdec.errors import SpecdecError
 from specdec.models.choices import DRAFT_QUANT, KEPT_FP32, TARGET_QUANT
 from specdec.models.store import target_gguf
-
-if TYPE_CHECKING:
-    from specdec.models.loading import LoadedModel
 
 
 def quantize_draft(model, mode: str = "int8", originals: list | None = None):
@@ -48,8 +43,9 @@ def swap_int8(model, mode: str = "int8") -> list[tuple[object, str, object]]:
     return swapped
 
 
-def quantize_target(target: LoadedModel, mode: str, dtype: str = "auto") -> None:
-    """Swap the target's Linear layers for int4/int8 ones in place (CPU); `none` leaves it as loaded."""
+def quantize_target(target, mode: str, dtype: str = "auto") -> None:
+    """Swap a loaded target's (specdec.models.loading.LoadedModel) Linear layers for int4/int8 ones in place
+    (CPU); `none` leaves it as loaded."""
     if mode not in TARGET_QUANT:
         raise SpecdecError(f"unknown target quantization {mode!r}; use one of {', '.join(TARGET_QUANT)}")
     if mode == "none":
@@ -59,7 +55,7 @@ def quantize_target(target: LoadedModel, mode: str, dtype: str = "auto") -> None
     from specdec.models.int4 import TargetQuantConfig
     from specdec.models.int4 import quantize_target as swap
 
-    from specdec.models.loading import torch_dtype
+    from specdec.hardware import torch_dtype
 
     gguf = target_gguf(target.spec) if mode == "int4" else None
     swap(target.model, TargetQuantConfig(mode), gguf, torch_dtype(dtype))

@@ -15,7 +15,8 @@ def test_auto_dtype_is_bf16_only_where_the_hardware_computes_it(monkeypatch, tmp
 
     from specdec import hardware
     from specdec.models.int8 import Int8Linear
-    from specdec.models.loading import load, torch_dtype
+    from specdec.hardware import torch_dtype
+    from specdec.models.loading import load
 
     monkeypatch.setattr(hardware, "native_bf16", lambda device="cpu": native)
     expected = torch.bfloat16 if native else torch.float32
