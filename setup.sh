@@ -20,6 +20,6 @@ if [ "${1:-}" = "--test" ]; then
     echo "setup: the VS Code extension or its real-editor test tools failed to install" >&2
     exit 1
   else
-    echo "setup: WARNING: no npm or the VS Code tools failed to install; tests/test_vscode.py will be skipped" >&2
+    echo "setup: WARNING: no npm or the VS Code tools failed to install; tests/editors/test_vscode.py will be skipped" >&2
   fi
 fi

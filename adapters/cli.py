@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from adapters.registry import Registry
+from specdec_adapters.registry import Registry
 
 
 def _split(name: str) -> tuple[str, str | None]:
@@ -37,7 +37,8 @@ def cmd_adapters(args) -> int:
     elif args.adapters_cmd == "import":
         base_hash = None
         if args.draft:
-            from specdec.models import LoadedModel, resolve
+            from specdec.models.loading import LoadedModel
+            from specdec.models.store import resolve
 
             base_hash = LoadedModel(args.draft, resolve(args.draft), None, None).weight_hash
         print(f"imported {registry.import_archive(Path(args.file), base_hash).name}")

@@ -236,8 +236,8 @@ def check_base(meta: AdapterMeta, base_hash: str | None) -> None:
 
 
 def _check_adapter_files(folder: Path) -> None:
-    """The files are there and the weights are LoRA factors of a sane shape, all finite (specdec.lora)."""
-    from specdec.lora import check_adapter
+    """The files are there and the weights are LoRA factors of a sane shape, all finite (specdec.models.lora)."""
+    from specdec.models.lora import check_adapter
 
     missing = [n for n in ADAPTER_FILES if not (folder / n).is_file()]
     if missing:

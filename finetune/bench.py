@@ -13,20 +13,33 @@ from argparse import ArgumentParser, Namespace
 from copy import copy
 from pathlib import Path
 
-from adapters.registry import Registry
-from finetune.run import finetune_repo, register
+from specdec_adapters.registry import Registry
+from specdec_finetune.run import finetune_repo
+from specdec_finetune.run import register as register_finetune
 
 
 def _finetune_args(args, **overrides) -> Namespace:
     """`specdec finetune REPO`'s own defaults (one source of truth), with the bench's models and time budget."""
     parser = ArgumentParser()
-    register(parser.add_subparsers())
+    register_finetune(parser.add_subparsers())
     ft_args = parser.parse_args(["finetune", args.finetune, "--target", args.target, "--draft", args.draft,
                                  "--dtype", args.dtype, "--max-minutes", str(args.max_minutes),
                                  "--draft-quant", args.draft_quant])
     for key, value in overrides.items():
         setattr(ft_args, key, value)
     return ft_args
+
+
+def register(parser):
+    """`specdec bench --finetune REPO` and its flags; the runner answers None unless --finetune was given."""
+    parser.add_argument("--finetune", metavar="REPO", help="adapter benchmark instead: fine-tune on REPO, then "
+                                                           "compare speculation on its held-out files without/with "
+                                                           "the adapter")
+    parser.add_argument("--objective", default="distill",
+                        help="--finetune: training objective; a comma list (distill,lm,mixed,argmax,tvd) compares "
+                             "them instead, --max-minutes each")
+    parser.add_argument("--max-minutes", type=float, default=30.0, help="--finetune: training time budget")
+    return lambda args: run(args) if args.finetune else None
 
 
 def run(args) -> int:
@@ -70,7 +83,7 @@ def run(args) -> int:
 
 def _compare(args, objectives: list[str]) -> int:
     """Several objectives: the same budget each, scored by held-out top-1 agreement (finetune/compare.py)."""
-    from finetune.compare import compare_objectives, print_scores, score_dicts
+    from specdec_finetune.compare import compare_objectives, print_scores, score_dicts
 
     compare_args = _finetune_args(args, max_steps=100_000, heldout_samples=10)
     scores = compare_objectives(compare_args, objectives)

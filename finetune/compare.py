@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from finetune.dataset import SampleBuilder
-from finetune.evaluate import as_served
-from finetune.run import MAX_SAMPLES, split_repo, train_config
-from finetune.train import collate, pad_token_id, train
-from specdec import fim
+from specdec_finetune.dataset import SampleBuilder
+from specdec_finetune.evaluate import as_served
+from specdec_finetune.run import MAX_SAMPLES, split_repo, train_config
+from specdec_finetune.train import collate, pad_token_id, train
+from specdec.prompts import fim
 
 
 @dataclass
@@ -55,7 +55,7 @@ def top1_agreement(draft, target_argmax: torch.Tensor, ids, mask) -> float:
 
 
 def compare_objectives(args, objectives: list[str], report=print) -> list[ObjectiveScore]:
-    from specdec.models import check_same_tokenizer, load
+    from specdec.models.loading import check_same_tokenizer, load
 
     _, _, split = split_repo(args.repo, args.holdout, args.seed)
     target = load(args.target, args.dtype)

@@ -12,9 +12,9 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from finetune.files import FileSelection
-from specdec import fim
-from specdec.languages import EXTENSIONS, parser_for
+from specdec_finetune.files import FileSelection
+from specdec.prompts import fim
+from specdec.prompts.languages import EXTENSIONS, parser_for
 
 NODE_CHARS = (16, 400)  # tree-sitter spans of a size an editor completion has
 

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import copy
 
-from specdec.adaptive import DraftLength
+from specdec.engine.draft_length import DraftLength
 from specdec.bench.workload import SourceFile, cut_holes
-from specdec.completion import Completer
-from specdec.draft_model import DraftModel
-from specdec.engine import GenerationConfig, Session
-from specdec.sampling import SamplingConfig
+from specdec.prompts.completion import Completer
+from specdec.engine.drafters.draft_model import DraftModel
+from specdec.engine.session import GenerationConfig, Session
+from specdec.engine.sampling import SamplingConfig
 
 
 def as_served(draft, quant: str):
     """A copy of the draft as the server runs it: its LoRA adapter, if any, folded into the
-    full-precision weights, then quantized as `quant` says (specdec.lora)."""
-    from specdec.models import quantize_draft
+    full-precision weights, then quantized as `quant` says (specdec.models.lora)."""
+    from specdec.models.quantize import quantize_draft
 
     model = copy.deepcopy(draft)
     if hasattr(model, "merge_and_unload"):  # a peft model

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.languages import EXTENSIONS
+from specdec.prompts.languages import EXTENSIONS
 
 MAX_BYTES = 512 * 1024
 SECRET_NAMES = (".env", ".env.*", "*.env", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "id_rsa*",

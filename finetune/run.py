@@ -7,16 +7,16 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from adapters.registry import AdapterMeta, Registry, repo_identity
-from finetune.dataset import SampleBuilder, split_files
-from finetune.evaluate import as_served, holes_for, measure
-from finetune.files import select
-from finetune.train import OBJECTIVES, TrainConfig, discard_checkpoint, train
-from specdec import fim
+from specdec_adapters.registry import AdapterMeta, Registry, repo_identity
+from specdec_finetune.dataset import SampleBuilder, split_files
+from specdec_finetune.evaluate import as_served, holes_for, measure
+from specdec_finetune.files import select
+from specdec_finetune.train import OBJECTIVES, TrainConfig, discard_checkpoint, train
+from specdec.prompts import fim
 from specdec.errors import SpecdecError
-from specdec.lora import TARGET_MODULES  # the modules the server can switch per workspace
+from specdec.models.lora import TARGET_MODULES  # the modules the server can switch per workspace
 from specdec.paths import data_dir
-from specdec.sampling import SamplingConfig
+from specdec.engine.sampling import SamplingConfig
 
 MAX_SAMPLES = 2000  # more than a 30-minute CPU budget consumes; a larger budget cycles through them again
 
@@ -61,7 +61,7 @@ def train_config(args, objective: str | None = None) -> TrainConfig:
 
 
 def finetune_repo(args, report=print, on_step=None) -> dict:
-    from specdec.models import load
+    from specdec.models.loading import load
 
     config = train_config(args)
     sampling = SamplingConfig(temperature=args.eval_temperature, seed=args.seed)  # bad input fails before loading
@@ -69,7 +69,7 @@ def finetune_repo(args, report=print, on_step=None) -> dict:
     key, remote, commit = repo_identity(root)
     target = load(args.target, args.dtype)
     draft = load(args.draft, "fp32")
-    from specdec.models import check_same_tokenizer
+    from specdec.models.loading import check_same_tokenizer
 
     check_same_tokenizer(target.tokenizer, draft.tokenizer, args.target, args.draft)
     tokenizer = target.tokenizer
@@ -133,8 +133,8 @@ def cmd_finetune(args) -> int:
 
 
 def register(sub) -> None:
-    from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specdec.models import DRAFT_QUANT, DTYPES
+    from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specdec.models.choices import DRAFT_QUANT, DTYPES
 
     p = sub.add_parser("finetune", help="train a LoRA adapter for the draft on a repository's own code")
     p.add_argument("repo", help="repository root")

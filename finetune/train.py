@@ -2,7 +2,7 @@
 
 Objectives: `lm` (cross-entropy on the code), `distill` (DistillSpec: KL from the target's
 next-token distribution to the draft's on the same text: acceptance is what it raises),
-or `mixed`. With `quant` the LoRA is fitted over the int8 draft the server runs (specdec.int8),
+or `mixed`. With `quant` the LoRA is fitted over the int8 draft the server runs (specdec.models.int8),
 so it corrects that draft, not an fp32 one nobody serves. Budgets in steps, minutes and
 tokens. A checkpoint (adapter, optimizer, step, RNG) is written atomically every few steps
 and on Ctrl-C, so a run resumes where it stopped and nothing half-written is ever left behind.
@@ -22,8 +22,9 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.hardware import native_bf16
-from specdec.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
-from specdec.models import DRAFT_QUANT, swap_int8
+from specdec.models.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
+from specdec.models.choices import DRAFT_QUANT
+from specdec.models.quantize import swap_int8
 
 OBJECTIVES = ("distill", "lm", "mixed", "argmax", "tvd")
 
@@ -46,7 +47,7 @@ class TrainConfig:
     precision: str = "auto"  # auto: bf16 on CUDA and on CPUs with native bf16, else fp32
     vocab: str = "full"  # full: all 151k tokens; repo: only the training samples' tokens (faster steps)
     top_layers: int = 0  # LoRA on the last N decoder layers only (backward stops there); 0: all
-    quant: str = "none"  # train the LoRA over the draft quantized as the server runs it (see specdec.int8)
+    quant: str = "none"  # train the LoRA over the draft quantized as the server runs it (see specdec.models.int8)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:

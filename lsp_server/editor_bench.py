@@ -208,6 +208,15 @@ def print_table(summary: dict) -> None:
           "from the KV cache on consecutive keystrokes)")
 
 
+def register(parser):
+    """`specdec bench --editor` and its flags; the runner answers None unless --editor was given."""
+    parser.add_argument("--editor", action="store_true",
+                        help="latency benchmark instead: replay typing sessions against `specdec serve` over stdio")
+    parser.add_argument("--sessions", type=int, default=0,
+                        help="--editor: at most this many typing sessions (0: all)")
+    return lambda args: run(args) if args.editor else None
+
+
 def run(args) -> int:
     languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
     sources = [s for s in SOURCES if not languages or s.language in languages]

@@ -25,7 +25,7 @@ from lsp_server import syntax
 from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.settings import Settings, SettingsError
 from specdec.errors import SpecdecError
-from specdec.strategies import needs_draft_model
+from specdec.engine.strategies import needs_draft_model
 
 log = logging.getLogger("specdec.server")
 
@@ -69,7 +69,7 @@ class Plan:
     completer: object  # specdec.completion.Completer
     draft_model: object  # None without a draft model
     drafter: object
-    template: object  # specdec.fim.FimTemplate
+    template: object  # specdec.prompts.fim.FimTemplate
     stops: frozenset[int]
     base_stops: frozenset[int]  # the session's stop ids before the template's
 
@@ -113,9 +113,10 @@ class ModelHost:
         with self._lock:
             self.state, self.error = "loading", ""
             try:
-                from specdec.completion import Completer
-                from specdec.models import ensure_local, load_pair
-                from specdec.strategies import make_session
+                from specdec.prompts.completion import Completer
+                from specdec.models.store import ensure_local
+                from specdec.models.loading import load_pair
+                from specdec.engine.strategies import make_session
 
                 needs_draft = needs_draft_model(settings.strategy) and settings.draft
                 for share, spec in ((0, settings.target), (40, settings.draft if needs_draft else "")):
@@ -130,7 +131,7 @@ class ModelHost:
                 draft_model = pair.draft.model if pair.draft else None
                 switchable, draft_hash = None, self.draft_hash
                 if adapters and pair.draft is not None:
-                    from specdec.lora import SwitchableDraft
+                    from specdec.models.lora import SwitchableDraft
 
                     switchable = SwitchableDraft(pair.draft.model, settings.draft_quant)
                     draft_model, draft_hash = switchable.model, pair.draft.weight_hash
@@ -171,8 +172,8 @@ class ModelHost:
         if plan is None or settings.models_differ(plan.settings):
             return None
         old, completer = plan.settings, plan.completer
-        from specdec import fim
-        from specdec.strategies import make_drafter
+        from specdec.prompts import fim
+        from specdec.engine.strategies import make_drafter
 
         needs_draft = needs_draft_model(settings.strategy)
         if needs_draft and plan.draft_model is None and settings.draft:
@@ -213,7 +214,7 @@ class ModelHost:
         """The newest registered adapter of the workspace's repository made for this draft, or None."""
         if self.switchable is None or not workspace:
             return None
-        from adapters.registry import Registry, repo_identity
+        from specdec_adapters.registry import Registry, repo_identity
 
         registry = Registry()
         stamp = registry.root.stat().st_mtime_ns + sum(p.stat().st_mtime_ns for p in registry.root.iterdir())
@@ -237,7 +238,7 @@ class ModelHost:
             changed = self.switchable.activate(None)
             self.adapter = ""
         else:
-            from adapters.registry import Registry
+            from specdec_adapters.registry import Registry
             from specdec.errors import SpecdecError
 
             try:
@@ -255,8 +256,8 @@ class ModelHost:
 
     def generate(self, request: CompletionRequest, ctx: syntax.CursorContext, settings: Settings, cancel):
         """Worker thread: one completion, trimmed by the syntax rules. Returns (text, Generation)."""
-        from specdec.engine import GenerationConfig
-        from specdec.sampling import SamplingConfig
+        from specdec.engine.session import GenerationConfig
+        from specdec.engine.sampling import SamplingConfig
 
         config = GenerationConfig(settings.max_new_tokens, SamplingConfig(settings.temperature, 0, settings.top_p),
                                   settings.max_draft)
@@ -421,7 +422,7 @@ class CompletionService:
         return self._finish(request, text, "model", result)
 
     async def _generate(self, request, ctx, settings, number):
-        from specdec.engine import CancelToken
+        from specdec.engine.session import CancelToken
 
         self._waiting.append(number)
         try:

@@ -14,11 +14,11 @@ import math
 import re
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 
-from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specdec.fim import TEMPLATES
-from specdec.limits import MAX_DRAFT, MAX_NEW_TOKENS
-from specdec.models import DRAFT_QUANT, DTYPES, TARGET_QUANT
-from specdec.strategies import STRATEGIES
+from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.prompts.fim import TEMPLATES
+from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS
+from specdec.models.choices import DRAFT_QUANT, DTYPES, TARGET_QUANT
+from specdec.engine.strategies import STRATEGIES
 
 FIM_FAMILIES = ("", *TEMPLATES)  # "": detect from the tokenizer
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.languages import EXTENSIONS, GRAMMARS, detect_language, parser_for  # noqa: F401 (re-exported)
+from specdec.prompts.languages import EXTENSIONS, GRAMMARS, detect_language, parser_for  # noqa: F401 (re-exported)
 
 INDENT_BLOCKS = {"python"}  # blocks by indentation; the rest by braces
 STRING_TYPES = {"string", "string_content", "string_fragment", "template_string", "interpreted_string_literal",

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from functools import cache
 
+from specdec.errors import SpecdecError
+from specdec.models.choices import DTYPES
+
 
 @cache
 def native_bf16(device: str = "cpu") -> bool:
@@ -29,3 +32,15 @@ def compute_dtype(device: str = "cpu"):
     import torch
 
     return torch.bfloat16 if native_bf16(device) else torch.float32
+
+
+def torch_dtype(name: str, device: str = "cpu"):
+    """The torch dtype a `--dtype` choice means on this device (`auto`: compute_dtype)."""
+    import torch
+
+    if name == "auto":
+        return compute_dtype(device)
+    try:
+        return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+    except KeyError:
+        raise SpecdecError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None

@@ -39,3 +39,33 @@ def unrelated_draft():
     import tiny
 
     return tiny.model(seed=2, layers=1, hidden=32)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A target that knows the repository's idiom (trained here on the same FIM/plain mix), a draft that does not."""
+    import tiny
+    import torch
+    from repos import make_repo
+
+    from specdec.prompts import fim
+    from specdec_finetune.dataset import SampleBuilder, split_files
+    from specdec_finetune.files import select
+    from specdec_finetune.train import collate
+
+    root = tmp_path_factory.mktemp("models")
+    tok = tiny.tokenizer()
+    idiom = make_repo(root / "idiom", files=12, git=False)
+    samples = SampleBuilder(tok, fim.detect(tok), seq_len=128).samples(split_files(select(idiom), 0.0).train, 600, 5)
+    target = tiny.model(seed=1)
+    optimizer = torch.optim.Adam(target.parameters(), lr=3e-3)
+    target.train()
+    for step in range(150):
+        ids, mask = collate(samples[(step * 4) % 600 : (step * 4) % 600 + 4], tok.pad_token_id)
+        target(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    target.eval()
+    target.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    return root / "target", tiny.save(root, seed=2, name="draft")

@@ -120,9 +120,9 @@ def test_bench_on_local_files_records_what_auto_dtype_resolved_to(capsys, models
                                                 ("--temperature", "nan", "--temperature nan is out of range"),
                                                 ("--top-p", 0, "--top-p 0.0 is out of range")])
 def test_bad_generation_arguments_refused_before_loading(capsys, source, monkeypatch, flag, value, message):
-    import specdec.models
+    import specdec.models.loading as loading
 
-    monkeypatch.setattr(specdec.models, "load_pair", lambda *a, **k: pytest.fail("models loaded"))
+    monkeypatch.setattr(loading, "load_pair", lambda *a, **k: pytest.fail("models loaded"))
     code, out, err = run(capsys, "complete", source, "--line", 1, "--col", 1, flag, value)
     assert code == 2 and out == "" and message in err and err.count("\n") == 1
 

@@ -9,46 +9,64 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("specdec", "lsp_server", "adapters", "finetune")
-# what each package may import from the others
-ALLOWED = {
+FOLDERS = {"specdec": "specdec", "lsp_server": "lsp_server", "specdec_adapters": "adapters",
+           "specdec_finetune": "finetune"}  # import name -> folder (pyproject's package-dir)
+ALLOWED = {  # what each package may import from the others
     "specdec": set(),
-    "adapters": {"specdec"},
-    "finetune": {"specdec", "adapters"},
-    "lsp_server": {"specdec", "adapters"},
+    "specdec_adapters": {"specdec"},
+    "specdec_finetune": {"specdec", "specdec_adapters"},
+    "lsp_server": {"specdec", "specdec_adapters"},
 }
+# inside specdec: the engine runs whatever model it is handed and knows nothing of loading, prompts or
+# benchmarks; the model wing knows the engine only through its bounds
+WING_RULES = {
+    "specdec/engine": ("specdec.models", "specdec.prompts", "specdec.bench", "specdec.cli"),
+    "specdec/models": ("specdec.prompts", "specdec.bench", "specdec.cli", "specdec.engine."),
+}
+WING_EXCEPTIONS = {"specdec.engine.limits"}
 
 
-def imported_packages(path: Path) -> dict[str, int]:
-    """Top-level names of the project's packages a file imports, with the first line of each."""
+def imports(path: Path) -> dict[str, int]:
+    """Every module a file imports (absolute imports), with the first line of each."""
     found: dict[str, int] = {}
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names = []
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            for alias in node.names:
+                found.setdefault(alias.name, node.lineno)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        for name in names:
-            top = name.split(".")[0]
-            if top in PACKAGES:
-                found.setdefault(top, node.lineno)
+            found.setdefault(node.module, node.lineno)
+            for alias in node.names:  # `from specdec.models import store` imports specdec.models.store
+                found.setdefault(f"{node.module}.{alias.name}", node.lineno)
     return found
 
 
-@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize("package", FOLDERS)
 def test_imports_run_down_the_data_path(package):
     violations = []
-    for path in sorted((ROOT / package).rglob("*.py")):
-        for other, line in imported_packages(path).items():
-            if other != package and other not in ALLOWED[package]:
-                violations.append(f"{path.relative_to(ROOT)}:{line} imports {other}")
+    for path in sorted((ROOT / FOLDERS[package]).rglob("*.py")):
+        for module, line in imports(path).items():
+            top = module.split(".")[0]
+            if top in FOLDERS and top != package and top not in ALLOWED[package]:
+                violations.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not violations, "\n".join(violations)
 
 
-def test_the_check_sees_a_violation(tmp_path):
+@pytest.mark.parametrize("wing", WING_RULES)
+def test_wings_of_specdec_keep_their_side(wing):
+    violations = []
+    for path in sorted((ROOT / wing).rglob("*.py")):
+        for module, line in imports(path).items():
+            excepted = any(module == e or module.startswith(e + ".") for e in WING_EXCEPTIONS)
+            if module.startswith(WING_RULES[wing]) and not excepted:
+                violations.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not violations, "\n".join(violations)
+
+
+def test_the_checks_see_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from lsp_server.syntax import analyze\n")
-    assert imported_packages(bad) == {"lsp_server": 2}
+    bad.write_text("def f():\n    from lsp_server.syntax import analyze\n    from specdec.models import loading\n")
+    found = imports(bad)
+    assert found["lsp_server.syntax"] == 2 and found["specdec.models.loading"] == 3
 
 
 @pytest.mark.parametrize("module", ["specdec.cli", "lsp_server.settings", "lsp_server.server"])

@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from specdec.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specdec.completion import Completer
-from specdec.engine import GenerationConfig
-from specdec.strategies import make_session
+from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.prompts.completion import Completer
+from specdec.engine.session import GenerationConfig
+from specdec.engine.strategies import make_session
 
 HOLE_PREFIX = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    '
 HOLE_SUFFIX = "\n\n\nprint(fibonacci(10))\n"
@@ -31,7 +31,8 @@ def completions(target, tokenizer, draft, max_new=32):
 
 @pytest.mark.smoke
 def test_pull_load_and_lossless_fim_completion_on_the_0_5b(real_cache):
-    from specdec.models import list_cached, load_pair, pull
+    from specdec.models.store import list_cached, pull
+    from specdec.models.loading import load_pair
 
     path = pull(DEFAULT_DRAFT)
     assert (path / "config.json").is_file()
@@ -47,7 +48,8 @@ def test_pull_load_and_lossless_fim_completion_on_the_0_5b(real_cache):
 
 @pytest.mark.slow
 def test_default_pair_lossless_in_fp32(real_cache):
-    from specdec.models import load_pair, pull
+    from specdec.models.loading import load_pair
+    from specdec.models.store import pull
 
     pull(DEFAULT_TARGET)
     pull(DEFAULT_DRAFT)

@@ -1,7 +1,7 @@
 """`specdec bench --kernels`: the target's matmul kernels per shape and row count, then whole-model steps.
 
 Rows are the tokens in one call: 1 for a decode step, k + 1 for a verify pass, up to 64 for a
-prefill chunk (specdec.kv.PREFILL_CHUNK), 512 for an unchunked prefill. Shapes are the 1.5B
+prefill chunk (specdec.engine.kv.PREFILL_CHUNK), 512 for an unchunked prefill. Shapes are the 1.5B
 target's (out x in). Each kernel is timed on the same random weight in the same process,
 back to back, so their ratios hold even on a loaded machine; absolute times do not.
 The whole-model part runs each target quantization in its own process, for its peak RSS.
@@ -61,8 +61,8 @@ def kernels(shape: tuple[int, int]) -> dict:
     """name -> fn(x) for one random weight of `shape`, each in the form the target would hold it."""
     import torch
 
-    from specdec.gguf_quant import int8_per_channel, q4k_codes, quantize_q4k
-    from specdec.int4 import Int4Linear, Int8ChannelLinear
+    from specdec.models.gguf_codes import int8_per_channel, q4k_codes, quantize_q4k
+    from specdec.models.int4 import Int4Linear, Int8ChannelLinear
 
     out, inp = shape
     weight = torch.randn(out, inp) * 0.02
@@ -91,8 +91,8 @@ def kernel_table(config: KernelBenchConfig) -> list[dict]:
 
 def model_steps(target: str, mode: str, context: int = 256, reps: int = 5) -> dict:
     """Decode-step (1 row) and verify (8 rows) ms of the whole target at `context` tokens of cache."""
-    from specdec.kv import KVModel
-    from specdec.models import load_pair
+    from specdec.engine.kv import KVModel
+    from specdec.models.loading import load_pair
 
     start = time.perf_counter()
     pair = load_pair(target, None, target_quant=mode)
@@ -146,6 +146,24 @@ def run_kernels(args) -> int:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps({"kernels": table, "model_steps": steps}, indent=2))
     return 0
+
+
+def register(parser) -> "callable":
+    """`specdec bench --kernels` and its flags; the runner answers None unless --kernels was given."""
+    parser.add_argument("--kernels", action="store_true",
+                        help="kernel benchmark instead: bf16/int4/int8 matmul ms per shape and row count, then the "
+                             "whole target's decode and verify step per --target-quants mode")
+    parser.add_argument("--target-quants", default="none,int4,int8", help="--kernels: whole-model modes ('' for none)")
+    parser.add_argument("--kernel-rows", default="", help="--kernels: comma-separated row counts (default ROWS)")
+
+    def run(args) -> int | None:
+        if not args.kernels:
+            return None
+        if args.output == "bench-results/bench.json":
+            args.output = "bench-results/kernels.json"
+        return run_kernels(args)
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,7 @@ def hf_generate(strategy: str, target, draft, prompt: list[int], max_new: int, s
 def start_llama(strategies: list[str], args, stack) -> dict:
     """A `llama-server` per llama.cpp strategy asked for, on the same GGUFs; {} (rows skipped) if not installed."""
     from specdec.bench import llama
-    from specdec.models import target_gguf
+    from specdec.models.store import target_gguf
 
     asked = [s for s in strategies if s in llama.STRATEGIES]
     if not asked:
@@ -85,10 +85,10 @@ def run_bench(args) -> int:
 
 def _run(args, strategies: list[str], anchors: dict) -> int:
     from specdec.bench.workload import SOURCES, load_workload, local_sources
-    from specdec.completion import Completer
-    from specdec.engine import GenerationConfig, Session
-    from specdec.models import load_pair
-    from specdec.strategies import make_drafter, needs_draft_model
+    from specdec.prompts.completion import Completer
+    from specdec.engine.session import GenerationConfig, Session
+    from specdec.models.loading import load_pair
+    from specdec.engine.strategies import make_drafter, needs_draft_model
 
     languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
     sources = local_sources(args.files) if args.files else SOURCES
@@ -161,7 +161,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "config": {k: v for k, v in vars(args).items() if k != "func"},
+        "config": {k: v for k, v in vars(args).items() if k not in ("func", "bench_runners")},
         "target_dtype": target_dtype,
         "target_quant": args.target_quant,
         "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,

@@ -16,8 +16,9 @@ from pathlib import Path
 def logits(spec: str, mode: str, other: str, files: list[str], tokens: int) -> list:
     import torch
 
-    from specdec.int4 import TargetQuantConfig, quantize_target
-    from specdec.models import load, target_gguf
+    from specdec.models.int4 import TargetQuantConfig, quantize_target
+    from specdec.models.loading import load
+    from specdec.models.store import target_gguf
 
     target = load(spec, "bf16")
     if mode != "none":

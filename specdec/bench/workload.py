@@ -93,7 +93,7 @@ def _extract(archive: Path, member: str) -> bytes:
 
 def local_sources(paths: list[str]) -> tuple[SourceFile, ...]:
     """A workload of local files (say, a repository's held-out files after `specdec finetune`)."""
-    from specdec.languages import EXTENSIONS
+    from specdec.prompts.languages import EXTENSIONS
 
     sources = []
     for p in paths:

@@ -1,0 +1,49 @@
+"""`specdec bench`: the engine benchmark, and the modes plugins add (each registers its own flags).
+
+A bench plugin is an entry point in the `specdec.bench` group naming `register(parser)`: it adds
+its flags to the bench parser and returns its runner, which answers None when its mode was
+not asked for. The first runner that answers decides; with none, the engine benchmark runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+from specdec.models.commands import add_model_args
+
+BENCH_GROUP = "specdec.bench"
+BENCH_OUTPUT = "bench-results/bench.json"
+Runner = Callable[[object], "int | None"]
+
+
+def cmd_bench(args) -> int:
+    for runner in args.bench_runners:
+        code = runner(args)
+        if code is not None:
+            return code
+    from specdec.bench.runner import run_bench
+
+    return run_bench(args)
+
+
+def register(sub) -> None:
+    from specdec.bench import kernels
+
+    p = sub.add_parser("bench", help="code-completion benchmark: plain vs HF assisted vs our strategies")
+    add_model_args(p)
+    p.add_argument("--strategies", default="hf-plain,hf-assisted,hf-lookup,plain,lookup,draft,auto",
+                   help="comma-separated; the first is the speedup baseline; hf-* are HF generate baselines; "
+                        "llama-plain, llama-draft, llama-ngram run llama.cpp's llama-server on the same GGUFs")
+    p.add_argument("--languages", default="", help="comma-separated subset (default: all)")
+    p.add_argument("--holes", type=int, default=0, help="holes per file (default 2)")
+    p.add_argument("--files", nargs="+", help="benchmark these local files instead of the built-in workload")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-draft", type=int, default=8)
+    p.add_argument("--max-prefix-tokens", type=int, default=512)
+    p.add_argument("--max-suffix-tokens", type=int, default=128)
+    p.add_argument("--output", default=BENCH_OUTPUT)
+    p.add_argument("--cold", action="store_true", help="no warm previous-keystroke request for our strategies")
+    runners: list[Runner] = [kernels.register(p)]
+    runners += [plugin.load()(p) for plugin in entry_points(group=BENCH_GROUP)]  # editor, finetune
+    p.set_defaults(func=cmd_bench, bench_runners=runners)

@@ -1,0 +1,1 @@
+"""Drafters: one small interface (base.py), the draft model, prompt lookup, and their composite."""

@@ -1,0 +1,56 @@
+"""A small causal LM (optionally carrying a peft LoRA adapter) drafting for the target.
+
+It keeps its own KV cache; after a verification the context it is handed shares a
+prefix with what it has seen, so `sync` recomputes only the tokens that changed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.engine.draft_length import DraftLength
+from specdec.engine.drafters.base import Draft
+from specdec.engine.kv import KVModel
+from specdec.engine.sampling import SamplingConfig, probabilities, sample
+
+
+class DraftModel:
+    name = "draft"
+
+    def __init__(self, model, length: DraftLength | None = None):
+        self.kv = KVModel(model)
+        self.length = length or DraftLength()
+
+    @property
+    def model(self):
+        return self.kv.model
+
+    def reset(self) -> None:
+        self.kv.reset()
+
+    def observe(self, draft: Draft, accepted: int, draft_seconds: float, target_pass_seconds: float) -> None:
+        self.length.observe(len(draft.tokens), accepted, draft_seconds, target_pass_seconds)
+
+    def prefill(self, context: list[int], should_stop=None) -> tuple[int, int]:
+        _, reused, computed = self.kv.sync(context, should_stop)
+        return reused, computed
+
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None = None) -> Draft:
+        k = self.length.next_k(k)
+        if k <= 0:
+            return Draft([], None, self.name)
+        logits, _, _ = self.kv.sync(context)
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            if sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                q = probabilities(logits, sampling)
+                token = int(sample(q, generator))
+                rows.append(q)
+            tokens.append(token)
+            if i < k - 1:
+                logits = self.kv.extend([token])[-1]
+        return Draft(tokens, torch.stack(rows) if rows else None, self.name)

@@ -1,0 +1,199 @@
+"""Speculative decoding: a drafter proposes, the target verifies all proposals in one pass.
+
+A `Session` owns the target's KV cache and the drafter, and keeps both between calls:
+an editor's consecutive requests share almost all of their prompt, so only the new
+suffix is prefilled. Every strategy (plain included: no drafter) runs the same loop,
+and every token, drafted or not, is chosen by `acceptance.verify`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from specdec.engine.acceptance import verify
+from specdec.engine.drafters.base import Draft, Drafter
+from specdec.engine.kv import Cancelled, KVModel
+from specdec.engine.sampling import SamplingConfig
+
+StopPredicate = Callable[[str], "int | None"]
+"""Given the decoded completion so far, return a cut position to stop there, or None to go on."""
+
+
+class CancelToken:
+    """Set from any thread; the decode loop checks it between steps."""
+
+    def __init__(self):
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 64
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_draft: int = 8  # cap on drafted tokens per target pass
+
+
+@dataclass
+class GenerationStats:
+    strategy: str = ""
+    target_passes: int = 0  # the prefill pass counts: it yields the first token
+    drafted: int = 0
+    accepted: int = 0
+    new_tokens: int = 0
+    produced: int = 0  # tokens the passes yielded: new_tokens plus a stop token, if one ended the call
+    prefill_computed: int = 0  # target prompt tokens run through the model
+    prefill_reused: int = 0  # target prompt tokens served from the session's KV cache
+    draft_prefill_computed: int = 0
+    draft_prefill_reused: int = 0
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    seconds: float = 0.0
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.produced / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tokens_per_pass": self.tokens_per_pass,
+                "tokens_per_second": self.tokens_per_second}
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    stop_reason: str  # "eos" | "max_tokens" | "stop" | "cancelled"
+    stats: GenerationStats
+
+
+class Session:
+    def __init__(self, target, tokenizer, drafter: Drafter | None = None, stop_token_ids: Iterable[int] = (),
+                 strategy: str | None = None):
+        self.target = KVModel(target)
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.strategy = strategy or (drafter.name if drafter else "plain")
+        ids = set(stop_token_ids)
+        if tokenizer.eos_token_id is not None:
+            ids.add(tokenizer.eos_token_id)
+        self.stop_token_ids = frozenset(ids)
+        self.lock = threading.Lock()  # one generation at a time: the caches are shared state
+
+    def reset(self) -> None:
+        self.target.reset()
+        if self.drafter is not None:
+            self.drafter.reset()
+
+    def generate(self, prompt: list[int], config: GenerationConfig | None = None,
+                 stop: StopPredicate | None = None, cancel: CancelToken | None = None) -> Generation:
+        with self.lock:
+            return self._generate(list(prompt), config or GenerationConfig(), stop, cancel)
+
+    def _generate(self, prompt, config, stop, cancel) -> Generation:
+        started = time.perf_counter()
+        stats = GenerationStats(strategy=self.strategy)
+        sampling = config.sampling
+        generator = sampling.generator()
+        cancelled = (lambda: cancel.cancelled) if cancel else (lambda: False)
+        out: list[int] = []
+
+        def finish(reason: str, text: str | None = None) -> Generation:
+            stats.new_tokens = len(out)
+            stats.produced = len(out) + (reason == "eos")
+            stats.seconds = time.perf_counter() - started
+            return Generation(out, self.tokenizer.decode(out) if text is None else text, reason, stats)
+
+        if config.max_new_tokens <= 0:
+            return finish("max_tokens")
+        try:
+            logits, stats.prefill_reused, stats.prefill_computed = self.target.sync(prompt, cancelled)
+            if self.drafter is not None:
+                stats.draft_prefill_reused, stats.draft_prefill_computed = self.drafter.prefill(prompt, cancelled)
+        except Cancelled:
+            return finish("cancelled")
+        stats.prefill_seconds = time.perf_counter() - started
+        stats.target_passes = 1
+        new = [verify([], None, logits[None], sampling, generator).next_token]
+        while True:
+            reason, text = self._accept(new, out, config, stop)
+            if reason:
+                return finish(reason, text)
+            if cancelled():
+                return finish("cancelled")
+            budget = config.max_new_tokens - len(out) - 1  # the pass itself always adds one token
+            draft = Draft([])
+            t0 = time.perf_counter()
+            if self.drafter is not None and budget > 0:
+                draft = self.drafter.propose(prompt + out, min(config.max_draft, budget), sampling, generator)
+            t1 = time.perf_counter()
+            target_logits = self.target.extend([out[-1]] + draft.tokens)
+            verdict = verify(draft.tokens, draft.probs, target_logits, sampling, generator)
+            t2 = time.perf_counter()
+            self.target.truncate(len(prompt) + len(out) + verdict.accepted)
+            if draft.tokens:
+                self.drafter.observe(draft, verdict.accepted, t1 - t0, t2 - t1)
+                stats.drafted_by[draft.source] = stats.drafted_by.get(draft.source, 0) + len(draft.tokens)
+                stats.accepted_by[draft.source] = stats.accepted_by.get(draft.source, 0) + verdict.accepted
+            stats.target_passes += 1
+            stats.drafted += len(draft.tokens)
+            stats.accepted += verdict.accepted
+            stats.draft_seconds += t1 - t0
+            stats.verify_seconds += t2 - t1
+            new = draft.tokens[: verdict.accepted] + [verdict.next_token]
+
+    def _accept(self, new: list[int], out: list[int], config: GenerationConfig,
+                stop: StopPredicate | None) -> tuple[str, str | None]:
+        """Append verified tokens to out one at a time, checking what plain decoding checks after each.
+
+        A pass can verify several tokens; the stop predicate must still see every
+        intermediate text, or a stop token later in the batch would end the call with
+        text the predicate would have cut one token earlier (output must not depend on
+        how many tokens a pass verified).
+        """
+        for token in new:
+            if token in self.stop_token_ids:
+                return "eos", None
+            out.append(token)
+            if stop is not None:
+                text = self.tokenizer.decode(out)
+                cut = stop(text)
+                if cut is not None:
+                    return "stop", text[:cut]
+            if len(out) >= config.max_new_tokens:
+                return "max_tokens", None
+        return "", None
+
+
+def greedy_reference(model, prompt: list[int], max_new_tokens: int, stop_token_ids: Iterable[int] = ()) -> list[int]:
+    """Plain token-by-token greedy decoding with HF's own cache handling, for tests and benchmarks."""
+    stops = set(stop_token_ids)
+    ids = torch.tensor([prompt], device=next(model.parameters()).device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                         num_beams=1, eos_token_id=sorted(stops) or None, pad_token_id=0)[0, len(prompt):].tolist()
+    for i, token in enumerate(out):
+        if token in stops:
+            return out[:i]
+    return out

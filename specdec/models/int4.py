@@ -1,0 +1,169 @@
+"""The target in 4 bits on CPU: weight-only int4 (group 32) and int8 (per channel) Linear layers.
+
+Both run PyTorch's own CPU kernels (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`)
+on bf16 activations. A decode step or a verify pass streams every weight once per call,
+so fewer weight bytes make it faster; a long prefill is compute-bound, where these kernels
+lose to a plain bf16 matmul, so past `DENSE_ROWS` rows an Int4Linear uses a bf16 copy of
+the same dequantized weight instead.
+
+Exactness: greedy speculative output equals plain greedy only if a token's logits do not
+depend on how many rows share the call. Both ATen kernels are row-independent on CPU
+(tests/test_int4.py); the dense copy is not bit-equal to them. So every call a decode step or
+a verify pass makes (1 to max_draft + 1 rows) must take the int4 route: DENSE_ROWS must be at
+least max_draft + 1. Prefill chunks above it take the dense route, identically for plain and
+speculative decoding, since both prefill the same prompt the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.models.choices import TARGET_QUANT
+from specdec.engine.limits import MAX_DRAFT
+from specdec.models.gguf_codes import (
+    GROUP,
+    QK_K,
+    Int4Codes,
+    Int8Codes,
+    int8_per_channel,
+    q4k_codes,
+    quantize_q4k,
+    read_qwen2_linears,
+)
+
+# Rows per call above which Int4Linear switches to its dense bf16 copy. int4 beats bf16 up to
+# 4-8 rows (`specdec bench --kernels`, docs/benchmarks.md), but exactness decides (see above):
+# every verify pass the engine can make, up to MAX_DRAFT + 1 rows, must run the kernel a 1-row
+# decode step runs. Prefill chunks (PREFILL_CHUNK rows) take the dense copy.
+DENSE_ROWS = MAX_DRAFT + 1
+
+OTHER = ("int8", "bf16")  # what the tensors that are not Q4_K become in int4 mode
+
+
+@dataclass
+class TargetQuantConfig:
+    mode: str = "none"  # one of TARGET_QUANT
+    dense_rows: int = DENSE_ROWS  # Int4Linear: above this many rows, the bf16 copy (0: never keep one)
+    # int4 mode: Q6_K & co. (lm_head among them) as int8 per channel, or dequantized bf16. bf16 is
+    # closer to the GGUF but not lossless-safe: torch's bf16 matmul computes a 1-row call
+    # differently from the same row in a multi-row call, so a verify pass may disagree with
+    # a decode step in the last bits; int8 per channel is row-independent, hence the default.
+    other: str = "int8"
+
+
+class Int4Linear(torch.nn.Module):
+    """y = x @ W.T + b with W in int4 groups of 32 (asymmetric: (q - 8) * scale + zero)."""
+
+    def __init__(self, codes: Int4Codes, bias: torch.Tensor | None = None, dense_rows: int = DENSE_ROWS,
+                 dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        out_features, in_features = codes.codes.shape
+        if out_features % 16 or in_features % GROUP:
+            raise ValueError(f"int4 needs out % 16 == 0 and in % {GROUP} == 0, got {out_features}x{in_features}")
+        self.in_features, self.out_features, self.dense_rows, self.dtype = in_features, out_features, dense_rows, dtype
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32).contiguous(), 1)
+        self.register_buffer("packed", packed)
+        # [groups, out, 2] in the activations' dtype: the kernel's layout; rounded to bf16 first,
+        # so an fp32 run computes with the very weights a bf16 run does
+        sz = torch.stack([codes.scale, codes.zero], -1).to(torch.bfloat16).transpose(0, 1).contiguous()
+        self.register_buffer("scales_and_zeros", sz.to(dtype))
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
+        dense = None
+        if dense_rows > 0:  # the kernel's own weights, rounded to the activations' dtype
+            dense = codes.dequantize(torch.bfloat16).to(dtype)
+        self.register_buffer("dense", dense)
+        self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)  # for dtype/device probes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).to(self.dtype)
+        if self.dense is not None and len(rows) > self.dense_rows:  # the same call as a bf16 nn.Linear
+            out = torch.nn.functional.linear(rows, self.dense, self.bias)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.contiguous(), self.packed, GROUP,
+                                                              self.scales_and_zeros)
+            if self.bias is not None:
+                out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, group={GROUP}, dense_rows={self.dense_rows}"
+
+
+class Int8ChannelLinear(torch.nn.Module):
+    """y = x @ (codes * scale).T + b, weight-only int8 per output channel, float activations."""
+
+    def __init__(self, codes: Int8Codes, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.out_features, self.in_features = codes.codes.shape
+        self.dtype = dtype
+        self.register_buffer("codes", codes.codes.contiguous())
+        self.register_buffer("scale", codes.scale.to(dtype))  # the kernel takes scales in x's dtype
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
+        self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
+        out = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scale)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}"
+
+
+def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
+    return None if linear.bias is None else linear.bias.detach()
+
+
+def quantize_target(model, config: TargetQuantConfig, gguf: Path | str | None = None,
+                    dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
+    """Swap the target's Linear layers in place; returns how many became what.
+
+    int4: each Linear whose GGUF tensor is Q4_K takes its codes unchanged; the rest (Q6_K
+    and the like, lm_head among them) go int8 per channel (or stay dequantized, config.other).
+    Without a GGUF the weights are first quantized to Q4_K blocks in-process (quantize_q4k).
+    int8: every Linear int8 per channel from the loaded weights. Everything else (norms,
+    the embedding, attention) runs in `dtype`.
+    """
+    if config.mode not in TARGET_QUANT:
+        raise ValueError(f"unknown target quantization {config.mode!r}; use one of {', '.join(TARGET_QUANT)}")
+    if config.other not in OTHER:
+        raise ValueError(f"unknown treatment {config.other!r} for non-Q4_K tensors; use one of {', '.join(OTHER)}")
+    counts: dict[str, int] = {}
+    if config.mode == "none":
+        return counts
+    model.to(dtype)
+    tensors = read_qwen2_linears(gguf) if (gguf is not None and config.mode == "int4") else {}
+    for path, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear:
+                continue
+            full = f"{path}.{name}" if path else name
+            tensor = tensors.get(full)
+            if tensor is not None and tensor.shape != tuple(child.weight.shape):
+                raise ValueError(f"GGUF tensor for {full} is {tensor.shape}, "
+                                 f"the model's is {tuple(child.weight.shape)}")
+            if config.mode == "int8":
+                layer, kind = Int8ChannelLinear(int8_per_channel(child.weight), _bias(child), dtype), "int8"
+            elif tensor is not None and tensor.qtype == "Q4_K":
+                layer = Int4Linear(q4k_codes(tensor.data, tensor.shape[1]), _bias(child), config.dense_rows, dtype)
+                kind = "int4"
+            elif tensor is None and not gguf and child.in_features % QK_K == 0 and child.out_features % 16 == 0:
+                codes = q4k_codes(quantize_q4k(child.weight), child.in_features)
+                layer, kind = Int4Linear(codes, _bias(child), config.dense_rows, dtype), "int4"
+            else:
+                weight = tensor.dequantize() if tensor is not None else child.weight.float()
+                if config.other == "bf16":
+                    child.weight.data = weight.to(dtype)
+                    counts["dense"] = counts.get("dense", 0) + 1
+                    continue
+                layer, kind = Int8ChannelLinear(int8_per_channel(weight), _bias(child), dtype), "int8"
+            setattr(parent, name, layer)
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts

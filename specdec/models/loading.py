@@ -1,0 +1,87 @@
+"""A model spec loaded as (model, tokenizer), and the target/draft pair the engine runs.
+
+The draft is checked against the target's tokenizer, gets its adapter folded in, then is
+quantized; the target is quantized per `--target-quant`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import SpecdecError
+from specdec.hardware import torch_dtype
+from specdec.models.choices import KEPT_FP32
+from specdec.models.lora import apply_adapter
+from specdec.models.quantize import quantize_draft, quantize_target
+from specdec.models.store import resolve
+
+
+@dataclass
+class LoadedModel:
+    spec: str
+    path: Path
+    model: Any
+    tokenizer: Any
+
+    @property
+    def weight_hash(self) -> str:
+        """A cheap identity of the weights: hash of the safetensors index/metadata sizes."""
+        digest = hashlib.sha256()
+        for f in sorted(self.path.glob("*.safetensors")):
+            digest.update(f.name.encode())
+            digest.update(str(f.stat().st_size).encode())
+            with open(f, "rb") as fh:
+                digest.update(fh.read(1 << 20))
+        return digest.hexdigest()[:16]
+
+
+def load(spec: str, dtype: str = "auto", device: str | None = None) -> LoadedModel:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve(spec)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype, device)).to(device)
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"cannot load model {spec}: {str(exc).splitlines()[0]}") from None
+    model.eval()
+    return LoadedModel(spec=spec, path=path, model=model, tokenizer=tokenizer)
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str = "target", draft_name: str = "draft"):
+    """Speculation compares token ids, so both models must map text to ids identically."""
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        only_t = len(t_vocab.keys() - d_vocab.keys())
+        only_d = len(d_vocab.keys() - t_vocab.keys())
+        raise SpecdecError(
+            f"draft {draft_name} and target {target_name} do not share a tokenizer "
+            f"({len(d_vocab)} vs {len(t_vocab)} tokens, {only_t}/{only_d} unique to each)"
+        )
+
+
+@dataclass
+class ModelPair:
+    target: LoadedModel
+    draft: LoadedModel | None
+
+
+def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", draft_quant: str = "int8",
+              device: str | None = None, adapter: str | None = None, target_quant: str = "none") -> ModelPair:
+    """Target as asked (quantized per target_quant, one of TARGET_QUANT); draft checked against the
+    target's tokenizer, its adapter applied, then quantized."""
+    target = load(target_spec, dtype, device)
+    quantize_target(target, target_quant, dtype)
+    if not draft_spec:
+        return ModelPair(target, None)
+    draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
+    if adapter:
+        draft.model = apply_adapter(draft.model, adapter)
+    draft.model = quantize_draft(draft.model, draft_quant)
+    return ModelPair(target, draft)

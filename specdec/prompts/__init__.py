@@ -1,0 +1,1 @@
+"""Prompts: FIM templates, the completion at a cursor, and languages."""

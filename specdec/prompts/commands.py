@@ -1,0 +1,83 @@
+"""`specdec complete FILE --line N --col N`: one fill-in-the-middle completion at a cursor."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS
+from specdec.engine.strategies import STRATEGIES, needs_draft_model
+from specdec.errors import SpecdecError
+from specdec.models.commands import add_model_args
+
+
+def load_completer(args, strategy: str):
+    from specdec.prompts.completion import Completer
+    from specdec.models.loading import load_pair
+    from specdec.engine.strategies import make_session
+
+    needs_draft = needs_draft_model(strategy)
+    pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
+                     adapter=getattr(args, "adapter", None), target_quant=getattr(args, "target_quant", "none"))
+    draft_model = pair.draft.model if pair.draft else None
+    session = make_session(pair.target.model, pair.target.tokenizer, strategy, draft_model,
+                           max_draft=args.max_draft)
+    return Completer.for_session(session)
+
+
+def check_generation_args(args) -> None:
+    """Refuse a bad budget or sampling value in one line, before minutes of model loading are spent."""
+    import math
+
+    checks = [("--max-new-tokens", args.max_new_tokens, 1 <= args.max_new_tokens <= MAX_NEW_TOKENS,
+               f"1..{MAX_NEW_TOKENS}"),
+              ("--max-draft", args.max_draft, 1 <= args.max_draft <= MAX_DRAFT, f"1..{MAX_DRAFT}"),
+              ("--temperature", args.temperature, math.isfinite(args.temperature) and args.temperature >= 0,
+               "a finite number >= 0"),
+              ("--top-p", args.top_p, 0 < args.top_p <= 1, "(0, 1]"),
+              ("--top-k", args.top_k, args.top_k >= 0, ">= 0")]
+    for flag, value, ok, allowed in checks:
+        if not ok:
+            raise SpecdecError(f"{flag} {value} is out of range ({allowed})")
+
+
+def cmd_complete(args) -> int:
+    from specdec.prompts.completion import read_source, split_at
+    from specdec.engine.session import GenerationConfig
+    from specdec.engine.sampling import SamplingConfig
+
+    check_generation_args(args)  # validate everything before the models load
+    prefix, suffix = split_at(read_source(args.file), args.line, args.col)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    completer = load_completer(args, args.strategy)
+    result = completer.complete(prefix, suffix, GenerationConfig(args.max_new_tokens, sampling, args.max_draft),
+                                path=args.file)
+    if args.json:
+        s = result.stats
+        stats = {"target_passes": s.target_passes, "drafted": s.drafted, "accepted": s.accepted,
+                 "acceptance_rate": round(s.acceptance_rate, 4), "tokens_per_pass": round(s.tokens_per_pass, 4),
+                 "new_tokens": s.new_tokens, "seconds": round(s.seconds, 4), "strategy": s.strategy,
+                 "stop_reason": result.stop_reason, "prefill_computed": s.prefill_computed,
+                 "prefill_reused": s.prefill_reused, "prefill_seconds": round(s.prefill_seconds, 4),
+                 "draft_seconds": round(s.draft_seconds, 4), "verify_seconds": round(s.verify_seconds, 4)}
+        print(json.dumps({"text": result.text, "stats": stats}))
+    else:
+        sys.stdout.write(result.text + ("\n" if not result.text.endswith("\n") else ""))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("complete", help="fill-in-the-middle completion at a cursor")
+    p.add_argument("file")
+    p.add_argument("--line", type=int, required=True, help="1-based line")
+    p.add_argument("--col", type=int, required=True, help="1-based column (characters)")
+    add_model_args(p)
+    p.add_argument("--strategy", choices=STRATEGIES, default="auto")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-draft", type=int, default=8, help="cap on drafted tokens per target pass")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_complete)

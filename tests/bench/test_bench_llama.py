@@ -1,0 +1,51 @@
+"""The llama.cpp anchor of `specdec bench`: request shape and response parsing against a recorded reply."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specdec.bench import llama
+
+RECORDED = json.loads((Path(__file__).parent.parent / "data" / "llama_completion.json").read_text())
+
+
+def test_request_is_greedy_exact_ids_with_the_prompt_cache():
+    body = llama.completion_request([1, 2, 3], 48)
+    assert body["prompt"] == [1, 2, 3] and body["n_predict"] == 48
+    assert body["temperature"] == 0 and body["top_k"] == 1 and body["cache_prompt"] and body["return_tokens"]
+
+
+def test_recorded_response_parses_to_tokens_and_timings():
+    response = RECORDED["response"]
+    result = llama.parse_completion(response, 1.5, stops={151643})
+    assert result.tokens == response["tokens"] and len(result.tokens) == 24
+    assert result.prompt_tokens == response["timings"]["prompt_n"] and result.seconds == 1.5
+    assert result.predicted_ms == pytest.approx(response["timings"]["predicted_ms"])
+    cut = llama.parse_completion(response, 1.0, stops={response["tokens"][5]})
+    assert cut.tokens == response["tokens"][:5]  # our stop ids end the completion, as in our own strategies
+
+
+def test_speculation_flags_of_this_llama_cpp():
+    assert llama.server_args("llama-plain", None) == []
+    assert llama.server_args("llama-draft", Path("d.gguf"))[:2] == ["-md", "d.gguf"]
+    assert "--spec-type" in llama.server_args("llama-ngram", None)
+    with pytest.raises(ValueError, match="needs the draft"):
+        llama.server_args("llama-draft", None)
+
+
+def test_missing_binary_is_reported_not_guessed(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_LLAMA_SERVER", str(tmp_path / "nope"))
+    assert llama.find_server() is None
+
+
+@pytest.mark.slow
+def test_real_llama_server_completes_the_recorded_prompt():
+
+    binary = llama.find_server()
+    if binary is None:
+        pytest.skip(f"llama.cpp is not installed: {llama.INSTALL_HINT}")
+    gguf = Path.home() / ".cache/specdec/models/gguf/qwen2.5-coder-1.5b-q4_k_m.gguf"
+    with llama.LlamaServer(binary, gguf) as server:
+        result = server.complete(RECORDED["prompt"], 24, stops=set())
+    assert result.tokens == RECORDED["response"]["tokens"]  # greedy: the same tokens as when it was recorded

@@ -1,0 +1,91 @@
+"""Real VS Code (code-server 4.x in headless Debian chromium) with the packaged .vsix and our server on tiny models.
+
+Tools: `vscode-client/e2e/install-tools.sh` (code-server, node 24, chromium) and `npm ci` in vscode-client;
+`./setup.sh --test` runs both. Skipped with the reason when they are missing.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tiny
+from lsp_server.metrics import aggregate, load_records
+
+CLIENT = Path(__file__).resolve().parents[2] / "vscode-client"
+E2E_DIR = Path(os.environ.get("SPECDEC_E2E_DIR", Path.home() / ".cache" / "specdec" / "vscode-e2e"))
+
+
+def _missing_tools() -> str:
+    if not shutil.which("npm"):
+        return "npm not found"
+    if not (CLIENT / "node_modules" / "playwright-core").is_dir():
+        return "vscode-client has no node_modules: run `npm ci` in vscode-client"
+    if not (E2E_DIR / ".installed").is_file() or not Path("/usr/bin/chromium").is_file():
+        return "code-server/chromium missing: run vscode-client/e2e/install-tools.sh"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_missing_tools()), reason=f"real VS Code test: {_missing_tools()}")
+
+
+@pytest.fixture(scope="module")
+def vsix():
+    build = subprocess.run(["npm", "run", "--silent", "package"], cwd=CLIENT, capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    return CLIENT / "specdec.vsix"
+
+
+def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
+    target = tiny.save(tmp_path, seed=1, name="target")
+    draft = tiny.save(tmp_path, seed=2, name="draft", layers=1, hidden=32)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "demo.py").write_text("def add(a, b):\n    \n\nprint(add(1, 2))\n")
+    for i in range(3):  # more of the repository, so "Fine-tune draft on this repository" has files to train on
+        (workspace / f"ops_{i}.py").write_text("".join(f"def op_{i}_{j}(a, b):\n    return a * {j} + b\n\n\n"
+                                                       for j in range(12)))
+    settings = tmp_path / "settings.json"
+    log = tmp_path / "server.log"
+    settings.write_text(json.dumps({
+        "specdec.serverCommand": [sys.executable, "-m", "specdec.cli", "serve", "--log-file", str(log),
+                                  "--log-level", "debug"],
+        "specdec.target": str(target), "specdec.draft": str(draft), "specdec.dtype": "fp32",
+        "specdec.debounceMs": 0, "specdec.maxNewTokens": 16,
+    }))
+    screenshots = Path(os.environ.get("SPECDEC_SCREENSHOT_DIR", tmp_path))  # the README's comes from here
+    screenshots.mkdir(parents=True, exist_ok=True)
+    screenshot = screenshots / "vscode-ghost-text.png"
+    run = subprocess.run(
+        ["node", "out/test/e2e/run.js", "--vsix", str(vsix), "--workspace", str(workspace), "--file", "demo.py",
+         "--line", "2", "--column", "5", "--type", "r", "--settings", str(settings), "--screenshot", str(screenshot),
+         # [s]: the pattern must not match the driver's own command line
+         "--toggle", "--finetune", "--kill-server", f"[s]pecdec.cli serve --log-file {log}"],
+        cwd=CLIENT, capture_output=True, text=True, timeout=420, env=os.environ)
+    print(run.stderr[-3000:], log.read_text()[-3000:] if log.exists() else "no server log")
+    assert run.returncode == 0, run.stderr.strip().splitlines()[-1:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    first_line = result["ghost"].split("\n")[0]
+    assert first_line.strip(), result
+    # Tab put what was shown into the buffer, right after what was typed
+    assert result["after"] != result["before"] and f"    r{first_line}" in result["after"]
+    assert screenshot.stat().st_size > 10_000
+    # the stats view got the server's data
+    assert "python" in result["stats"]["table"] and result["stats"]["charts"] == 4
+    # the server was killed: the user was told, a new server came up, and the status bar is live again
+    assert result["restart"]["warning"] == "specdec: the completion server stopped; restarting it."
+    assert re.search("specdec ready|accepted", result["restart"]["status"])
+    # "Toggle completions" reached the server as a settings change: typing brings no ghost text any more
+    assert result["toggled"]["ghost"] == "" and "specdec off" in result["toggled"]["status"]
+    assert result["toggled"]["ghostOn"]  # toggled back on, the same keystrokes bring ghost text again
+    # the fine-tune command ran in the background and its result names the measured acceptance change
+    assert re.fullmatch(r"specdec: (adapter \S+ registered|no adapter registered): acceptance [+-]\d\.\d{3}",
+                        result["finetune"]["message"]), result["finetune"]
+    stats = aggregate(load_records())  # the server's own metrics (SPECDEC_STATE_DIR is inherited through VS Code)
+    assert stats["shown"] >= 1 and stats["accepted"] == 1

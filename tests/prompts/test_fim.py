@@ -1,0 +1,80 @@
+"""FIM prompts: family detection, token budgets, and a cut point that survives typing."""
+
+import pytest
+
+from specdec.prompts import fim
+from specdec.errors import SpecdecError
+
+
+def test_detects_qwen_family_and_stop_tokens(tok):
+    template = fim.detect(tok)
+    assert template.family == "qwen"
+    vocab = tok.get_vocab()
+    assert {vocab["<|endoftext|>"], vocab["<|file_sep|>"], vocab["<|fim_pad|>"]} <= fim.stop_token_ids(tok, template)
+
+
+def test_detects_other_families():
+    import tiny
+
+    star = tiny.tokenizer(extra_specials=("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+    # the qwen tokens are also present in the tiny vocab, so an explicit override picks the family
+    assert fim.detect(star, "starcoder").family == "starcoder"
+    with pytest.raises(SpecdecError, match="unknown FIM family"):
+        fim.detect(star, "nope")
+
+
+def test_prompt_layout_psm(tok):
+    template = fim.detect(tok)
+    p = fim.build(tok, template, "def f(x):\n    return ", "\n\nprint(f(2))\n")
+    vocab = tok.get_vocab()
+    ids = p.ids
+    assert ids[0] == vocab["<|fim_prefix|>"] and ids[-1] == vocab["<|fim_middle|>"]
+    cut = ids.index(vocab["<|fim_suffix|>"])
+    assert tok.decode(ids[1:cut]) == "def f(x):\n    return "
+    assert tok.decode(ids[cut + 1 : -1]) == "\n\nprint(f(2))\n"
+
+
+def test_budgets_are_respected(tok):
+    template = fim.detect(tok)
+    prefix = "".join(f"value_{i} = compute({i})\n" for i in range(400))
+    suffix = "".join(f"print(value_{i})\n" for i in range(400))
+    p = fim.build(tok, template, prefix, suffix, max_prefix_tokens=100, max_suffix_tokens=30)
+    assert p.prefix_tokens <= 100 and p.suffix_tokens == 30
+    assert len(p.ids) == p.prefix_tokens + p.suffix_tokens + 3
+    # the prefix starts on a whole line and ends at the cursor
+    assert tok.decode(p.ids[1 : 1 + p.prefix_tokens]).startswith("value_")
+
+
+def test_prefix_cut_is_stable_while_typing(tok):
+    """Consecutive keystrokes keep the prompt's start identical, so the KV cache stays valid."""
+    template = fim.detect(tok)
+    prefix = "".join(f"item_{i} = make({i})\n" for i in range(300)) + "result = "
+    base = fim.build(tok, template, prefix, "", max_prefix_tokens=200).ids
+    for typed in ["m", "ma", "mak", "make(", "make(1"]:
+        ids = fim.build(tok, template, prefix + typed, "", max_prefix_tokens=200).ids
+        shared = next(i for i, (a, b) in enumerate(zip(base + [-1], ids + [-2])) if a != b)
+        assert shared >= base.index(tok.get_vocab()["<|fim_suffix|>"]) - 3
+
+
+def test_huge_file_is_not_tokenized_whole(tok):
+    template = fim.detect(tok)
+    big = "x = 1\n" * 1_000_000  # 6 MB
+    p = fim.build(tok, template, big, big, max_prefix_tokens=64, max_suffix_tokens=16)
+    assert p.prefix_tokens <= 64 and p.suffix_tokens <= 16
+
+
+def test_repo_level_context_then_this_files_header(tok):
+    template = fim.detect(tok)
+    other = template.file_header.format(path="util.py") + "def helper():\n    pass\n"
+    p = fim.build(tok, template, "x = ", "\n", path="main.py", context=other)
+    text = tok.decode(p.ids)
+    assert text.index("util.py") < text.index("def helper") < text.index("main.py") < text.index("<|fim_prefix|>")
+
+
+def test_one_enormous_line_is_not_tokenized_whole(tok):
+    """Minified code: a single 4 MB line before the cursor, where cutting by whole lines finds no line to cut."""
+    import time
+
+    start = time.perf_counter()
+    p = fim.build(tok, fim.TEMPLATES["qwen"], "ab = cd + " * 400_000, "", max_prefix_tokens=64, max_suffix_tokens=16)
+    assert p.prefix_tokens == 64 and time.perf_counter() - start < 1
