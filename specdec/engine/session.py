@@ -63,6 +63,7 @@ class GenerationStats:
     seconds: float = 0.0
     drafted_by: dict[str, int] = field(default_factory=dict)
     accepted_by: dict[str, int] = field(default_factory=dict)
+    passes_by: dict[str, int] = field(default_factory=dict)  # target passes that verified a draft of that source
 
     @property
     def acceptance_rate(self) -> float:
@@ -157,6 +158,7 @@ class Session:
                 self.drafter.observe(draft, verdict.accepted, t1 - t0, t2 - t1)
                 stats.drafted_by[draft.source] = stats.drafted_by.get(draft.source, 0) + len(draft.tokens)
                 stats.accepted_by[draft.source] = stats.accepted_by.get(draft.source, 0) + verdict.accepted
+                stats.passes_by[draft.source] = stats.passes_by.get(draft.source, 0) + 1
             stats.target_passes += 1
             stats.drafted += len(draft.tokens)
             stats.accepted += verdict.accepted

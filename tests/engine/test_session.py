@@ -229,3 +229,19 @@ def test_adaptive_length_tracks_acceptance():
     for _ in range(20):
         length.observe(length.next_k(8), 0)
     assert length.next_k(8) == 1
+
+
+def test_per_source_counters_count_each_pass_by_the_drafter_that_drafted_it(target, unrelated_draft, tok):
+    """passes_by feeds the per-source stats (issue #34 item 4): one pass per non-empty draft, to its source."""
+    drafter = drafters(target, unrelated_draft, "composite")
+    proposed = []
+    propose = drafter.propose
+    drafter.propose = lambda *a, **kw: proposed.append(propose(*a, **kw)) or proposed[-1]
+    out = generate(Session(target, tok, drafter), tok.encode("x = 1\ny = 2\nx = 1\ny = 2\nx ="), max_new=20)
+    s = out.stats
+    drafted = [d for d in proposed if d.tokens]
+    assert s.passes_by == {src: sum(d.source == src for d in drafted) for src in {d.source for d in drafted}}
+    assert sum(s.passes_by.values()) == len(drafted) <= s.target_passes - 1  # the prefill pass drafts nothing
+    assert s.drafted_by == {src: sum(len(d.tokens) for d in drafted if d.source == src) for src in s.passes_by}
+    assert sum(s.accepted_by.values()) == s.accepted and set(s.accepted_by) == set(s.passes_by)
+    assert "lookup" in s.passes_by
