@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lsp_server import source_metrics
 from specdec.paths import state_dir
 
 
@@ -36,6 +37,8 @@ class RequestRecord:
     shown: bool = False
     adapter: str = ""
     kind: str = "request"
+    # per drafter source: {source: {"drafted": n, "accepted": n, "passes": n}} (source_metrics.py)
+    by_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 _NUMBERS = ("time", "latency_ms", "drafted", "accepted", "target_passes", "decode_seconds", "prefill_reused",
@@ -136,7 +139,7 @@ def timeline(records: list[dict], window: int = 20, points: int = 60) -> dict[st
 
 
 def summarize(records: list[dict]) -> dict:
-    """Totals, per language, per workspace, and per (workspace, adapter version).
+    """Totals, per language, per workspace, per (workspace, adapter version), and per drafter source.
 
     Workspaces and adapters are lists of records rather than objects keyed by path, which
     some JSON-RPC clients cannot represent.
@@ -151,6 +154,7 @@ def summarize(records: list[dict]) -> dict:
             groups.setdefault(tuple(r.get(f) or "" for f in fields), []).append(r)
         return {k: aggregate(v) for k, v in sorted(groups.items())}
 
+    sources, skipped_sources = source_metrics.summarize(records)
     return {
         "total": aggregate(records),
         "languages": {k[0]: v for k, v in group("language").items()},
@@ -159,6 +163,8 @@ def summarize(records: list[dict]) -> dict:
                      for k, v in group("workspace", "adapter").items()],
         "timeline": timeline(records),
         "skipped_records": skipped,
+        "sources": sources,
+        "skipped_source_entries": skipped_sources,
     }
 
 
@@ -235,7 +241,8 @@ def read_records(path: Path | None = None) -> tuple[list[dict], int]:
 
 
 class PrometheusExporter:
-    """Counters and a latency histogram on 127.0.0.1, labelled by language."""
+    """Counters and a latency histogram on 127.0.0.1, labelled by language (and drafter source, on the
+    `_by_source` counters: the existing ones keep their labels)."""
 
     def __init__(self, port: int, host: str = "127.0.0.1"):
         from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -247,6 +254,15 @@ class PrometheusExporter:
         self.accepted = Counter("specdec_accepted_tokens", "accepted drafted tokens", labels, registry=self.registry)
         self.suggestions_accepted = Counter("specdec_suggestions_accepted", "suggestions the user accepted", labels,
                                             registry=self.registry)
+        by_source = labels + ["source"]
+        self.drafted_by_source = Counter("specdec_drafted_tokens_by_source", "drafted tokens per drafter source",
+                                         by_source, registry=self.registry)
+        self.accepted_by_source = Counter("specdec_accepted_tokens_by_source",
+                                          "accepted drafted tokens per drafter source", by_source,
+                                          registry=self.registry)
+        self.passes_by_source = Counter("specdec_target_passes_by_source",
+                                        "target passes that verified a draft, per drafter source", by_source,
+                                        registry=self.registry)
         self.latency = Histogram("specdec_latency_seconds", "time to suggestion", labels, registry=self.registry,
                                  buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
         start_http_server(port, addr=host, registry=self.registry)
@@ -259,4 +275,8 @@ class PrometheusExporter:
         self.requests.labels(lang, row["source"]).inc()
         self.drafted.labels(lang).inc(row["drafted"])
         self.accepted.labels(lang).inc(row["accepted"])
+        for source, counters in source_metrics.entries(row)[0].items():
+            self.drafted_by_source.labels(lang, source).inc(counters["drafted"])
+            self.accepted_by_source.labels(lang, source).inc(counters["accepted"])
+            self.passes_by_source.labels(lang, source).inc(counters["passes"])
         self.latency.labels(lang).observe(row["latency_ms"] / 1000)

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from lsp_server import syntax
+from lsp_server import source_metrics, syntax
 from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.settings import Settings, SettingsError
 from specdec.errors import SpecdecError
@@ -341,6 +341,7 @@ class CompletionService:
             record.drafted, record.accepted = s.drafted, s.accepted
             record.target_passes, record.decode_seconds = s.target_passes, s.seconds - s.prefill_seconds
             record.prefill_reused, record.prefill_computed = s.prefill_reused, s.prefill_computed
+            record.by_source = source_metrics.from_generation(s)
         self.metrics.add(record)
         if not text:
             return None
