@@ -90,6 +90,38 @@ async def test_inline_completion_and_acceptance_counted(client, tmp_path):
     assert python["acceptance_rate"] is not None and python["tokens_per_pass"] >= 1
 
 
+
+async def test_stats_report_each_drafter_source_per_language_and_repository(client, tmp_path):
+    """Issue #34 item 4: `auto` records which drafter drafted each pass; `lookup` alone adds to lookup's row only."""
+    uri = uri_of(tmp_path)
+    lc.open_doc(client, uri, SOURCE)
+    assert len((await lc.inline(client, uri, 1, 4, invoked=True)).items) == 1
+    sources = (await lc.stats(client))["sources"]
+    auto = {row["source"]: row for row in sources["total"]}
+    assert auto and set(auto) <= {"lookup", "draft"}
+    assert [(r["language"], r["source"]) for r in sources["languages"]] == [("python", s) for s in sorted(auto)]
+    assert [(r["workspace"], r["source"]) for r in sources["workspaces"]] == [(str(tmp_path), s) for s in sorted(auto)]
+    for row in auto.values():
+        assert row["passes"] >= 1 and row["tokens_per_pass"] == (row["accepted"] + row["passes"]) / row["passes"]
+        assert 0 < row["share_of_passes"] < 1  # the prefill pass drafts nothing
+    total = (await lc.stats(client))["total"]
+    assert sum(r["accepted"] for r in auto.values()) / sum(r["drafted"] for r in auto.values()) == \
+        pytest.approx(total["acceptance_rate"])  # every drafted token is attributed to one source
+
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"specdec": {"strategy": "lookup"}}))
+    await asyncio.sleep(0.2)
+    assert (await lc.stats(client))["model"]["strategy"] == "lookup"
+    other = uri_of(tmp_path, "b.py")
+    lc.open_doc(client, other, "def sub(a, b):\n    \n\nprint(sub(1, 2))\nprint(sub(3, 4))\n")
+    assert len((await lc.inline(client, other, 1, 4, invoked=True)).items) == 1
+    after = {row["source"]: row for row in (await lc.stats(client))["sources"]["total"]}
+    assert after["lookup"]["drafted"] > auto.get("lookup", {"drafted": 0})["drafted"]
+    draft_counts = [{k: rows["draft"][k] for k in ("drafted", "accepted", "passes")} if "draft" in rows else None
+                    for rows in (auto, after)]
+    assert draft_counts[0] == draft_counts[1]  # the draft model drafted nothing under lookup
+
+
 async def test_completion_fallback_item(client, tmp_path):
     uri = uri_of(tmp_path)
     lc.open_doc(client, uri, "value = compute\n")
