@@ -54,6 +54,21 @@ export interface ServerStats {
   timeline: Record<string, { time: number; acceptance_rate: number | null; tokens_per_pass: number | null;
     latency_p50_ms: number | null; user_accept_rate: number | null }[]>;
   finetune?: { registered?: string; message?: string };
+  sources?: SourceStats;  // absent from a server older than the per-drafter-source stats
+}
+
+/** One drafter source's (prompt lookup, draft model, repository index...) counts over a scope. */
+export interface SourceRow {
+  source: string; drafted: number; accepted: number; acceptance_rate: number | null; passes: number;
+  tokens_per_pass: number | null; share_of_passes: number | null;
+}
+
+/** `specdec/stats`'s per drafter source part: lists, not objects keyed by source name. */
+export interface SourceStats {
+  total: SourceRow[];
+  languages: (SourceRow & { language: string })[];
+  workspaces: (SourceRow & { workspace: string })[];
+  timeline: { source: string; points: { time: number; acceptance_rate: number | null; tokens_per_pass: number | null }[] }[];
 }
 
 /**

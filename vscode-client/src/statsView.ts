@@ -1,4 +1,5 @@
-// The stats webview: per-language tables and canvas charts over time, fed by `specdec/stats` via postMessage.
+// The stats webview: per-language and per-drafter-source tables and canvas charts over time, fed by `specdec/stats`
+// via postMessage.
 // Self-contained (no CDN, no bundled chart library): everything stays local.
 
 export function statsHtml(cspSource: string): string {
@@ -23,6 +24,8 @@ export function statsHtml(cspSource: string): string {
 <h3>Tokens per target pass</h3><canvas id="tpp"></canvas>
 <h3>Time to suggestion, p50 (ms)</h3><canvas id="latency"></canvas>
 <h3>Suggestions you accepted</h3><canvas id="user"></canvas>
+<h3>Per drafter source</h3><table id="sources"></table>
+<h3>Acceptance rate per drafter source</h3><canvas id="sourceAcceptance"></canvas>
 <script nonce="${nonce}">
 const COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7"];
 const fmt = (v, d, pct) => v === null || v === undefined ? "–" : pct ? Math.round(v * 100) + "%" : v.toFixed(d);
@@ -35,6 +38,21 @@ function table(stats) {
     fmt(a.tokens_per_pass, 2) + "</td><td>" + fmt(a.tokens_per_second, 1) + "</td><td>" + fmt(a.latency_p50_ms, 0) +
     "</td><td>" + fmt(a.latency_p95_ms, 0) + "</td><td>" + fmt(a.prefill_reuse_rate, 0, true) + "</td><td>" +
     a.shown + "</td><td>" + fmt(a.user_accept_rate, 0, true) + "</td></tr>").join("");
+}
+const esc = s => String(s).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})[c]);
+const NO_SOURCES = { total: [], languages: [], workspaces: [], timeline: [] };  // a server from before the field
+function sourceTable(sources) {
+  // which drafter (prompt lookup, draft model, repository index...) earns its keep, per language and per repository
+  const rows = sources.languages.map(r => [r.source, r.language, "", r])
+    .concat(sources.workspaces.map(r => [r.source, r.workspace.split(/[\\\\/]/).filter(Boolean).pop() || r.workspace,
+                                         r.workspace, r]))
+    .concat(sources.total.map(r => [r.source, "(all)", "", r]));
+  const head = "<tr><th>source</th><th>language / repository</th><th>acceptance</th><th>tokens/pass</th>" +
+    "<th>share of passes</th></tr>";
+  document.getElementById("sources").innerHTML = rows.length ? head + rows.map(([source, scope, title, a]) =>
+    "<tr><td>" + esc(source) + "</td><td" + (title ? ' title="' + esc(title) + '"' : "") + ">" + esc(scope) +
+    "</td><td>" + fmt(a.acceptance_rate, 2, true) + "</td><td>" + fmt(a.tokens_per_pass, 2) + "</td><td>" +
+    fmt(a.share_of_passes, 0, true) + "</td></tr>").join("") : '<tr><td class="muted">no drafted passes yet</td></tr>';
 }
 function chart(id, timeline, key, maxY) {
   const canvas = document.getElementById(id);
@@ -70,6 +88,9 @@ window.addEventListener("message", (event) => {
   chart("tpp", stats.timeline, "tokens_per_pass");
   chart("latency", stats.timeline, "latency_p50_ms");
   chart("user", stats.timeline, "user_accept_rate", 1);
+  const sources = stats.sources || NO_SOURCES;
+  sourceTable(sources);
+  chart("sourceAcceptance", Object.fromEntries(sources.timeline.map(s => [s.source, s.points])), "acceptance_rate", 1);
 });
 </script></body></html>`;
 }
