@@ -35,8 +35,10 @@ def tokenizer(vocab_size: int = 400, extra_specials: tuple[str, ...] = ()):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|fim_pad|>")
 
 
-def model(seed: int = 0, vocab_size: int | None = None, layers: int = 2, hidden: int = 64, init: float = 0.3):
-    """A Qwen2-architecture causal LM with random weights; a wide init spreads logits so argmax is stable."""
+def model(seed: int = 0, vocab_size: int | None = None, layers: int = 2, hidden: int = 64, init: float = 0.3,
+          attn_implementation: str | None = None):
+    """A Qwen2-architecture causal LM with random weights; a wide init spreads logits so argmax is stable.
+    attn_implementation: "sdpa" or "eager" (None: transformers' default, sdpa)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     vocab_size = vocab_size or len(tokenizer())
@@ -45,7 +47,8 @@ def model(seed: int = 0, vocab_size: int | None = None, layers: int = 2, hidden:
                          max_position_embeddings=4096, initializer_range=init, tie_word_embeddings=False,
                          eos_token_id=0, bos_token_id=0, pad_token_id=4)
     torch.manual_seed(seed)
-    m = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    m = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **extra)
     m.generation_config.pad_token_id = 4
     return m.eval()
 

@@ -3,7 +3,9 @@
 A `Session` owns the target's KV cache and the drafter, and keeps both between calls:
 an editor's consecutive requests share almost all of their prompt, so only the new
 suffix is prefilled. Every strategy (plain included: no drafter) runs the same loop,
-and every token, drafted or not, is chosen by `acceptance.verify`.
+and every token, drafted or not, is chosen by `acceptance.verify_tree`: a linear draft
+is the one-branch tree, so chains and trees take one path through the target
+(`KVModel.extend_tree`, then `keep_path` of the accepted branch).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from specdec.engine.acceptance import verify
+from specdec.engine.acceptance import verify_tree
 from specdec.engine.drafters.base import Draft, Drafter
 from specdec.engine.kv import Cancelled, KVModel
 from specdec.engine.sampling import SamplingConfig
+from specdec.engine.tree import ROOT, TokenTree
 
 StopPredicate = Callable[[str], "int | None"]
 """Given the decoded completion so far, return a cut position to stop there, or None to go on."""
@@ -49,8 +52,10 @@ class GenerationConfig:
 class GenerationStats:
     strategy: str = ""
     target_passes: int = 0  # the prefill pass counts: it yields the first token
-    drafted: int = 0
-    accepted: int = 0
+    drafted: int = 0  # draft tokens verified: a tree's nodes
+    accepted: int = 0  # of them, kept: the accepted path's length
+    drafted_depth: int = 0  # the drafts' depths (longest path) summed: what could have been kept; drafted, for chains
+    tree_passes: int = 0  # passes whose draft branched (more nodes than depth)
     new_tokens: int = 0
     produced: int = 0  # tokens the passes yielded: new_tokens plus a stop token, if one ended the call
     prefill_computed: int = 0  # target prompt tokens run through the model
@@ -137,7 +142,7 @@ class Session:
             return finish("cancelled")
         stats.prefill_seconds = time.perf_counter() - started
         stats.target_passes = 1
-        new = [verify([], None, logits[None], sampling, generator).next_token]
+        new = [verify_tree(TokenTree([], []), logits[None], sampling, generator).next_token]
         while True:
             reason, text = self._accept(new, out, config, stop)
             if reason:
@@ -149,22 +154,27 @@ class Session:
             t0 = time.perf_counter()
             if self.drafter is not None and budget > 0:
                 draft = self.drafter.propose(prompt + out, min(config.max_draft, budget), sampling, generator)
+            tree = draft.as_tree()
             t1 = time.perf_counter()
-            target_logits = self.target.extend([out[-1]] + draft.tokens)
-            verdict = verify(draft.tokens, draft.probs, target_logits, sampling, generator)
+            # the root (the last verified token, not yet in the cache) is slot 0; node i is slot i + 1
+            target_logits = self.target.extend_tree([out[-1]] + tree.tokens, [ROOT] + [p + 1 for p in tree.parents])
+            verdict = verify_tree(tree, target_logits, sampling, generator)
             t2 = time.perf_counter()
-            self.target.truncate(len(prompt) + len(out) + verdict.accepted)
+            self.target.keep_path([0] + [node + 1 for node in verdict.path])
             if draft.tokens:
-                self.drafter.observe(draft, verdict.accepted, t1 - t0, t2 - t1)
-                stats.drafted_by[draft.source] = stats.drafted_by.get(draft.source, 0) + len(draft.tokens)
+                feedback = {"verdict": verdict} if draft.tree is not None else {}
+                self.drafter.observe(draft, verdict.accepted, t1 - t0, t2 - t1, **feedback)
+                stats.drafted_by[draft.source] = stats.drafted_by.get(draft.source, 0) + len(tree)
                 stats.accepted_by[draft.source] = stats.accepted_by.get(draft.source, 0) + verdict.accepted
                 stats.passes_by[draft.source] = stats.passes_by.get(draft.source, 0) + 1
             stats.target_passes += 1
-            stats.drafted += len(draft.tokens)
+            stats.drafted += len(tree)
             stats.accepted += verdict.accepted
+            stats.drafted_depth += tree.depth
+            stats.tree_passes += len(tree) > tree.depth
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            new = draft.tokens[: verdict.accepted] + [verdict.next_token]
+            new = verdict.accepted_tokens + [verdict.next_token]
 
     def _accept(self, new: list[int], out: list[int], config: GenerationConfig,
                 stop: StopPredicate | None) -> tuple[str, str | None]:

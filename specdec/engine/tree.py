@@ -88,6 +88,15 @@ class TokenTree:
         """Child node indices of node (ROOT = -1 for the root), in drafting order."""
         return self._children[node + 1]
 
+    @property
+    def depth(self) -> int:
+        """The longest path's length (0 for the empty tree)."""
+        return max(self.depths, default=0)
+
+    def rank(self, node: int) -> int:
+        """node's place among its parent's children (0 = first tried): what a tree learner counts."""
+        return self.children(self.parents[node]).index(node)
+
     def path(self, node: int) -> list[int]:
         """Node indices from the root's child down to node (empty for the root)."""
         out = []

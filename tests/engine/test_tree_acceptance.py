@@ -265,6 +265,8 @@ def test_token_tree_structure():
     assert tree.depths == [1, 1, 2, 3]
     assert tree.children(ROOT) == [0, 1] and tree.children(0) == [2] and tree.children(3) == []
     assert tree.path(3) == [0, 2, 3] and tree.path(ROOT) == []
+    assert tree.depth == 3 and TokenTree([], []).depth == 0
+    assert [tree.rank(i) for i in range(4)] == [0, 1, 0, 0]  # 1 is the root's second child
     assert tree.drawn == [DETERMINISTIC] * 5
     chain = TokenTree.chain([4, 5, 6], torch.full((3, V), 1 / V))
     assert chain.parents == [-1, 0, 1] and chain.depths == [1, 2, 3]

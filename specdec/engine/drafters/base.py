@@ -4,6 +4,9 @@ A drafter looks at the context (prompt + generated so far) and proposes up to k 
 tokens. If it drew them from a distribution q it returns q (one row per token) so the
 acceptance rule can correct for it; deterministic drafters return probs=None, which the
 rule treats as q = one-hot.
+
+A draft may be a tree (`Draft.tree`); a linear draft is the one-branch tree, and the
+session verifies both the same way (`as_tree`).
 """
 
 from __future__ import annotations
@@ -15,13 +18,27 @@ import torch
 
 from specdec.engine.draft_length import DraftLength
 from specdec.engine.sampling import SamplingConfig
+from specdec.engine.tree import TokenTree
 
 
 @dataclass
 class Draft:
-    tokens: list[int]
-    probs: torch.Tensor | None = None  # [len(tokens), vocab] or None for one-hot proposals
+    tokens: list[int]  # a tree's: its node tokens, in node order
+    probs: torch.Tensor | None = None  # [len(tokens), vocab] or None for one-hot proposals (chains only)
     source: str = ""  # which drafter produced it (the composite reports its member)
+    tree: TokenTree | None = None  # None: the tokens are a chain
+
+    def __post_init__(self) -> None:
+        if self.tree is not None and (list(self.tokens) != self.tree.tokens or self.probs is not None):
+            raise ValueError("a tree draft's tokens are its tree's, and its q lives in tree.child_probs")
+
+    @classmethod
+    def of_tree(cls, tree: TokenTree, source: str = "") -> Draft:
+        return cls(list(tree.tokens), None, source, tree)
+
+    def as_tree(self) -> TokenTree:
+        """What the target verifies: the tree, or the chain as its one-branch tree."""
+        return self.tree if self.tree is not None else TokenTree.chain(self.tokens, self.probs)
 
 
 class Drafter(Protocol):
@@ -33,7 +50,11 @@ class Drafter(Protocol):
         """Up to k tokens; the drafter's own DraftLength may choose fewer."""
 
     def observe(self, draft: Draft, accepted: int, draft_seconds: float, target_pass_seconds: float) -> None:
-        """Feedback after verification, for adaptive draft length."""
+        """Feedback after verification, for adaptive draft length.
+
+        For a draft with a tree the session also passes `verdict=` (the TreeVerdict: which
+        node, hence which child rank, was accepted at each depth); chain drafters never get it.
+        """
 
     def prefill(self, context: list[int], should_stop) -> tuple[int, int]:
         """Bring any model state up to the prompt (cancellable); returns (reused, computed) tokens."""

@@ -27,9 +27,10 @@ class Composite:
             self.first.length.forget(self._prior)
         return self.fallback.propose(context, k, sampling, generator)
 
-    def observe(self, draft, accepted, draft_seconds, target_pass_seconds) -> None:
+    def observe(self, draft, accepted, draft_seconds, target_pass_seconds, **feedback) -> None:
+        """feedback: the session's extras for tree drafts (verdict=), passed on to the member as given."""
         member = self.first if draft.source == self.first.name else self.fallback
-        member.observe(draft, accepted, draft_seconds, target_pass_seconds)
+        member.observe(draft, accepted, draft_seconds, target_pass_seconds, **feedback)
 
     def prefill(self, context, should_stop) -> tuple[int, int]:
         a, b = self.first.prefill(context, should_stop), self.fallback.prefill(context, should_stop)
