@@ -116,7 +116,8 @@ class ModelHost:
                 from specdec.prompts.completion import Completer
                 from specdec.models.store import ensure_local
                 from specdec.models.loading import load_pair
-                from specdec.engine.strategies import make_session
+                from specdec.engine.cost_curve import cost_curve_key
+                from specdec.engine.strategies import make_session, needs_cost_curve
 
                 needs_draft = needs_draft_model(settings.strategy) and settings.draft
                 for share, spec in ((0, settings.target), (40, settings.draft if needs_draft else "")):
@@ -135,8 +136,10 @@ class ModelHost:
 
                     switchable = SwitchableDraft(pair.draft.model, settings.draft_quant)
                     draft_model, draft_hash = switchable.model, pair.draft.weight_hash
+                if needs_cost_curve(settings.strategy):
+                    report_and_keep("measuring the target's verify cost (once per model)", 90)
                 session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy, draft_model,
-                                       max_draft=settings.max_draft)
+                                       max_draft=settings.max_draft, cost_key=cost_curve_key(**pair.target_identity()))
                 base_stops = session.stop_token_ids
                 completer = Completer.for_session(session, settings.fim_family or None,
                                                   max_prefix_tokens=settings.max_prefix_tokens,
@@ -173,16 +176,19 @@ class ModelHost:
             return None
         old, completer = plan.settings, plan.completer
         from specdec.prompts import fim
-        from specdec.engine.strategies import make_drafter
+        from specdec.engine.strategies import make_drafter, needs_cost_curve
 
         needs_draft = needs_draft_model(settings.strategy)
         if needs_draft and plan.draft_model is None and settings.draft:
             return None
+        if needs_cost_curve(settings.strategy) and completer.session.cost_curve is None:
+            return None  # measured at load, while nothing generates
         session = completer.session
         try:
             drafter, template, stops = plan.drafter, plan.template, plan.stops  # swaps still queued included
             if (settings.strategy, settings.max_draft) != (old.strategy, old.max_draft):
-                drafter = make_drafter(settings.strategy, plan.draft_model, max_draft=settings.max_draft)
+                drafter = make_drafter(settings.strategy, plan.draft_model, max_draft=settings.max_draft,
+                                       cost_curve=session.cost_curve)
             if settings.fim_family != old.fim_family:  # the prompt format changes: rebuild the template and stops
                 template = fim.detect(session.tokenizer, settings.fim_family or None)
                 stops = plan.base_stops | fim.stop_token_ids(session.tokenizer, template)

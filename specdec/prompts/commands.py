@@ -14,6 +14,7 @@ from specdec.models.commands import add_model_args
 def load_completer(args, strategy: str):
     from specdec.prompts.completion import Completer
     from specdec.models.loading import load_pair
+    from specdec.engine.cost_curve import cost_curve_key
     from specdec.engine.strategies import make_session
 
     needs_draft = needs_draft_model(strategy)
@@ -21,7 +22,7 @@ def load_completer(args, strategy: str):
                      adapter=getattr(args, "adapter", None), target_quant=getattr(args, "target_quant", "none"))
     draft_model = pair.draft.model if pair.draft else None
     session = make_session(pair.target.model, pair.target.tokenizer, strategy, draft_model,
-                           max_draft=args.max_draft)
+                           max_draft=args.max_draft, cost_key=cost_curve_key(**pair.target_identity()))
     return Completer.for_session(session)
 
 

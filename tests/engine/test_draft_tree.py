@@ -12,7 +12,7 @@ from specdec.engine.acceptance import TreeVerdict
 from specdec.engine.draft_length import DraftLength
 from specdec.engine.drafters.base import Draft
 from specdec.engine.drafters.composite import Composite
-from specdec.engine.drafters.draft_tree import DraftTree, TreeShape
+from specdec.engine.drafters.draft_tree import DraftTree, TreeSize
 from specdec.engine.drafters.prompt_lookup import PromptLookup
 from specdec.engine.kv import KVModel
 from specdec.engine.sampling import SamplingConfig, probabilities
@@ -99,8 +99,8 @@ def test_random_trees_give_plain_greedy(target, tok, reference, seed):
         assert sum(v.accepted for _, _, v in drafter.verdicts) > 0  # and some paths were taken
 
 
-SHAPES = [TreeShape(budget=1, depth=1, branch=1, width=1), TreeShape(budget=6, depth=3, branch=2, width=2),
-          TreeShape(budget=12, depth=6, branch=3, width=2), TreeShape(budget=10, depth=2, branch=8, width=4)]
+SHAPES = [TreeSize(budget=1, depth=1, branch=1, width=1), TreeSize(budget=6, depth=3, branch=2, width=2),
+          TreeSize(budget=12, depth=6, branch=3, width=2), TreeSize(budget=10, depth=2, branch=8, width=4)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"b{s.budget}d{s.depth}k{s.branch}w{s.width}")
@@ -135,7 +135,7 @@ def test_draft_tree_gives_plain_greedy(target, unrelated_draft, tok, reference, 
 def test_draft_tree_is_the_best_budget_nodes_of_its_expansion(target, tok):
     """branch 2, width 4, depth 3 expands every node: the 14-node full binary tree, of which the
     6 most probable (cumulative draft probability, by plain linear passes) must be kept."""
-    drafter = DraftTree(target, TreeShape(budget=6, depth=3, branch=2, width=4))
+    drafter = DraftTree(target, TreeSize(budget=6, depth=3, branch=2, width=4))
     context = tok.encode("def add(a, b):\n    return")
     draft = drafter.propose(context, 32, SamplingConfig())
     tree = draft.tree
@@ -161,25 +161,25 @@ def test_draft_tree_is_the_best_budget_nodes_of_its_expansion(target, tok):
 
 
 def test_draft_tree_respects_its_shape_and_k(unrelated_draft, tok):
-    drafter = DraftTree(unrelated_draft, TreeShape(budget=12, depth=4, branch=3, width=2))
+    drafter = DraftTree(unrelated_draft, TreeSize(budget=12, depth=4, branch=3, width=2))
     context = tok.encode("import os\nimport")
     sampling = SamplingConfig(temperature=0.9, top_k=20)
     tree = drafter.propose(context, 32, sampling).tree
     assert len(tree) == 12 and tree.depth <= 4
     assert all(len(tree.children(n)) <= 3 for n in [ROOT, *range(len(tree))])
     assert len(drafter.propose(context, 5, sampling).tree) == 5  # the session's k caps the nodes
-    small = TreeShape(budget=3, depth=1, branch=3, width=1)
+    small = TreeSize(budget=3, depth=1, branch=3, width=1)
     tree = drafter.propose(context, 32, sampling, shape=small).tree  # a per-call shape wins
     assert tree.parents == [ROOT] * 3
-    drafter.shape = TreeShape(budget=2, depth=2, branch=1, width=1)  # so does a new default
+    drafter.shape = TreeSize(budget=2, depth=2, branch=1, width=1)  # so does a new default
     assert drafter.propose(context, 32, sampling).tree.parents == [ROOT, 0]
     assert drafter.propose(context, 0, sampling).tokens == []
     with pytest.raises(SpecdecError, match="branch"):
-        TreeShape(branch=0)
+        TreeSize(branch=0)
 
 
 def test_observe_keeps_the_accepted_branch_in_the_draft_cache(unrelated_draft, tok):
-    drafter = DraftTree(unrelated_draft, TreeShape(budget=10, depth=4, branch=2, width=2))
+    drafter = DraftTree(unrelated_draft, TreeSize(budget=10, depth=4, branch=2, width=2))
     context = tok.encode("class Point:\n    def")
     drafter.prefill(context)
     nodes = len(drafter.propose(context, 32, SamplingConfig()).tree)
@@ -205,7 +205,7 @@ def test_observe_keeps_the_accepted_branch_in_the_draft_cache(unrelated_draft, t
 
 
 def test_composite_hands_the_tree_drafter_its_verdict(target, tok, reference):
-    tree = DraftTree(target, TreeShape(budget=6, depth=3, branch=2, width=2))
+    tree = DraftTree(target, TreeSize(budget=6, depth=3, branch=2, width=2))
     seen = []
     observe = tree.observe
     tree.observe = lambda *args, **kw: seen.append(kw.get("verdict")) or observe(*args, **kw)
@@ -234,7 +234,7 @@ def test_sampling_with_a_tree_follows_the_target(target, tok):
             p3 = law_after(prompt + [x1, x2])
             for x3 in torch.nonzero(p3).flatten().tolist():
                 law[x1, x2, x3] = (p1[x1] * p2[x2] * p3[x3]).item()
-    session = Session(target, tok, DraftTree(target, TreeShape(budget=4, depth=2, branch=2, width=2)))
+    session = Session(target, tok, DraftTree(target, TreeSize(budget=4, depth=2, branch=2, width=2)))
     session.stop_token_ids = frozenset()  # every run yields three tokens
 
     def run(seed):

@@ -25,11 +25,13 @@ from specdec.engine.drafters.draft_model import DraftModel
 from specdec.engine.sampling import SamplingConfig, probabilities
 from specdec.engine.tree import ROOT, TokenTree
 from specdec.engine.tree_attention import check_tree_attention
+from specdec.engine.tree_plan import TreePlanner
+from specdec.engine.tree_shape import TreeShape
 from specdec.errors import SpecdecError
 
 
 @dataclass
-class TreeShape:
+class TreeSize:
     """How big a tree to draft; read at every propose, so a planner may change it between calls."""
 
     budget: int = 16  # nodes the target verifies, at most (the session's k caps it too)
@@ -43,6 +45,14 @@ class TreeShape:
             if not isinstance(value, int) or value < 1:
                 raise SpecdecError(f"tree shape: {name} must be a positive integer, got {value!r}")
 
+    @classmethod
+    def of(cls, shape: TreeShape) -> "TreeSize":
+        """The size of a planned shape (non-empty): its nodes, levels, widest fan-out and the most
+        nodes of one level that have children. The drafter fills it dynamically, best first,
+        which keeps at least the planned shape's nodes when the draft ranks as the plan assumed."""
+        expanded = [sum(1 for i in level if shape.children(i)) for level in shape.levels()]
+        return cls(budget=len(shape), depth=shape.depth, branch=max(1, shape.width), width=max(1, *expanded))
+
 
 class DraftTree(DraftModel):
     """The draft model's tree drafter. `length` only keeps the running acceptance and cost
@@ -50,10 +60,12 @@ class DraftTree(DraftModel):
 
     name = "draft-tree"
 
-    def __init__(self, model, shape: TreeShape | None = None, length: DraftLength | None = None):
+    def __init__(self, model, shape: TreeSize | None = None, length: DraftLength | None = None,
+                 planner: TreePlanner | None = None):
         super().__init__(model, length)
         check_tree_attention(model)
-        self.shape = shape or TreeShape()
+        self.shape = shape or TreeSize()
+        self.planner = planner  # set: Sequoia's program sizes every tree (shape is then ignored)
         # the last tree proposed, and each node's slot in the draft cache's tree region
         # (None: a last-level node, never run through the draft)
         self._pending: tuple[TokenTree, list[int | None]] | None = None
@@ -63,14 +75,19 @@ class DraftTree(DraftModel):
         self._pending = None
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
-                generator: torch.Generator | None = None, shape: TreeShape | None = None) -> Draft:
+                generator: torch.Generator | None = None, shape: TreeSize | None = None) -> Draft:
         """A tree of at most min(shape.budget, k) nodes (shape: this call's, else self.shape).
 
         No randomness is drawn: children are top-k, so `generator` is unused.
         """
+        self._pending = None
+        if shape is None and self.planner is not None:
+            planned = self.planner.plan(k)
+            if not len(planned):  # drafting does not pay right now: a plain step
+                return Draft([], None, self.name)
+            shape = TreeSize.of(planned)
         shape = shape or self.shape
         budget = min(shape.budget, k)
-        self._pending = None
         if budget <= 0:
             return Draft([], None, self.name)
         logits, _, _ = self.kv.sync(context)  # also drops what is left of an unverified tree
@@ -127,6 +144,8 @@ class DraftTree(DraftModel):
         accepted branch in the draft cache (verdict: the session's TreeVerdict)."""
         tree = draft.as_tree()
         self.length.observe(tree.depth, accepted, draft_seconds, target_pass_seconds)
+        if self.planner is not None and verdict is not None:
+            self.planner.observe(tree, verdict, draft_seconds, tree.depth)
         pending, self._pending = self._pending, None
         if pending is None or pending[0] is not draft.tree or verdict is None:
             self.kv.keep_path([])  # nothing to keep by: the next sync computes the accepted tokens
