@@ -10,7 +10,12 @@ from specdec.engine.cost_curve import CostCurve
 from specdec.engine.drafters.draft_tree import DraftTree, TreeSize
 from specdec.engine.sampling import SamplingConfig
 from specdec.engine.session import GenerationConfig, greedy_reference
-from specdec.engine.strategies import make_drafter, make_session, needs_cost_curve, needs_draft_model
+from specdec.engine.strategies import (
+    make_drafter,
+    make_session,
+    needs_cost_curve,
+    needs_draft_model,
+)
 from specdec.engine.tree import ROOT, TokenTree
 from specdec.engine.tree_plan import TreePlanner
 from specdec.engine.tree_shape import TreeShape
@@ -114,7 +119,7 @@ def test_the_cost_curve_is_measured_once_per_key(target, unrelated_draft, tok, t
 
     monkeypatch.setattr(strategies, "target_cost_curve", counting)
     calls = []
-    import specdec.engine.cost_curve as cost_curve
+    from specdec.engine import cost_curve
 
     original = cost_curve.measure_cost_curve
     monkeypatch.setattr(cost_curve, "measure_cost_curve", lambda *a, **k: calls.append(1) or original(*a, **k))

@@ -46,7 +46,7 @@ class TreeSize:
                 raise SpecdecError(f"tree shape: {name} must be a positive integer, got {value!r}")
 
     @classmethod
-    def of(cls, shape: TreeShape) -> "TreeSize":
+    def of(cls, shape: TreeShape) -> TreeSize:
         """The size of a planned shape (non-empty): its nodes, levels, widest fan-out and the most
         nodes of one level that have children. The drafter fills it dynamically, best first,
         which keeps at least the planned shape's nodes when the draft ranks as the plan assumed."""
