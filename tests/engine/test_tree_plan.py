@@ -7,7 +7,7 @@ import pytest
 
 from specdec.engine.acceptance import TreeVerdict
 from specdec.engine.cost_curve import CostCurve
-from specdec.engine.drafters.draft_tree import DraftTree, TreeSize
+from specdec.engine.drafters.draft_tree import DraftTree
 from specdec.engine.sampling import SamplingConfig
 from specdec.engine.session import GenerationConfig, greedy_reference
 from specdec.engine.strategies import (
@@ -76,12 +76,15 @@ def test_draft_level_cost_is_learnt_from_timings_and_starts_from_a_prior():
     assert planner.draft_level_seconds == pytest.approx(0.7 * 0.02 + 0.3 * 0.04)
 
 
-def test_a_planned_shape_becomes_the_drafters_size():
-    shape = TreeShape((ROOT, ROOT, 0, 0, 1, 2), (0, 1, 0, 1, 0, 0))  # depth 3; level 1 expands both nodes
-    size = TreeSize.of(shape)
-    assert (size.budget, size.depth, size.branch, size.width) == (6, 3, 2, 2)
-    chain = TreeSize.of(TreeShape.chain(4))
-    assert (chain.budget, chain.depth, chain.branch, chain.width) == (4, 4, 1, 1)
+def test_the_drafter_fills_the_planned_shape_cut_to_the_sessions_budget(target, tok):
+    planner = TreePlanner(FLAT, trained([0.5, 0.25, 0.1]), max_nodes=12, draft_level_seconds=0.0001)
+    drafter = DraftTree(target, planner=planner)
+    context = tok.encode("def add(a, b):\n    return")
+    draft = drafter.propose(context, 12, SamplingConfig(temperature=0))
+    assert not planner.last.is_chain and TreeShape.of(draft.tree) == planner.last
+    drafter.observe(draft, 0, 0.01, 0.01, verdict=TreeVerdict([], [], 0, False))
+    small = drafter.propose(context, 3, SamplingConfig(temperature=0))
+    assert len(small.tree) == len(planner.last) <= 3
 
 
 def test_the_tree_strategy_needs_a_draft_model_and_a_cost_curve(target):
