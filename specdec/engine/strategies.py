@@ -25,8 +25,8 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
     """repo_index: a RepoIndex for `repo` and `auto`; prompt_markers: the FIM format's PromptMarkers, so the index
     matches the text before the cursor (without them it matches the context's raw tail)."""
     from specdec.engine.draft_length import DraftLength
-    from specdec.engine.drafters.draft_model import DraftModel
     from specdec.engine.drafters.composite import Composite
+    from specdec.engine.drafters.draft_model import DraftModel
     from specdec.engine.drafters.prompt_lookup import PromptLookup
     from specdec.engine.drafters.repo import RepoDrafter
 

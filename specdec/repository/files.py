@@ -25,9 +25,9 @@ import os
 import re
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from specdec.prompts.languages import EXTENSIONS
 
@@ -286,7 +286,7 @@ def ignored_by_git(root: Path, rel: Path) -> bool:
     """Whether git ignores the path (False outside a git repository, or without git)."""
     try:
         return subprocess.run(["git", "check-ignore", "-q", "--", rel.as_posix()], cwd=root,
-                              capture_output=True).returncode == 0
+                              capture_output=True, check=False).returncode == 0
     except OSError:
         return False
 

@@ -63,7 +63,7 @@ class Continuations:
     counts: tuple[int, ...]
 
     @classmethod
-    def from_rows(cls, match_length: int, rows: np.ndarray) -> "Continuations":
+    def from_rows(cls, match_length: int, rows: np.ndarray) -> Continuations:
         """rows: [occurrences, horizon] int32, SEPARATOR-padded after a document's end."""
         counted = Counter(map(tuple, rows.tolist())).most_common()
         sequences = tuple(row[: row.index(SEPARATOR)] if SEPARATOR in row else row for row, _ in counted)

@@ -76,7 +76,7 @@ class Segment:
     depth: int
 
     @classmethod
-    def build(cls, documents: Sequence[tuple[int, np.ndarray]], depth: int) -> "Segment":
+    def build(cls, documents: Sequence[tuple[int, np.ndarray]], depth: int) -> Segment:
         """documents: (id, [len] int token ids) pairs, each non-empty and without SEPARATOR."""
         lengths = np.array([len(t) for _, t in documents], np.int64)
         starts = np.cumsum(lengths + 1) - lengths  # one separator before each document
@@ -110,7 +110,7 @@ class Segment:
     def holds(self, doc_id: int) -> bool:
         return bool(np.any((self.doc_ids == doc_id) & self.alive))
 
-    def without(self, doc_ids: set[int]) -> "Segment":
+    def without(self, doc_ids: set[int]) -> Segment:
         """The same segment with these documents dead (arrays shared; only the mask is new)."""
         dead = np.isin(self.doc_ids, np.fromiter(doc_ids, np.int64, len(doc_ids)))
         return Segment(self.tokens, self.order, self.starts, self.doc_ids, self.alive & ~dead, self.depth)
