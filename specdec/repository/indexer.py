@@ -63,6 +63,7 @@ class WorkspaceIndexer:
         self._tokenizer_identity = None
         self._clear = False
         self._closed = False
+        self._clear_on_stop = False
         self._thread = threading.Thread(target=self._run, name="specdec-index", daemon=True)
         self._thread.start()
 
@@ -129,9 +130,11 @@ class WorkspaceIndexer:
             self._max_tokens = max_tokens
             self._cond.notify()
 
-    def stop(self, timeout: float | None = None) -> None:
+    def stop(self, timeout: float | None = None, clear: bool = False) -> None:
+        """End the thread (at its next pause: a batch, a file); clear: then empty the index, freeing its memory."""
         with self._cond:
             self._closed = True
+            self._clear_on_stop = clear
             self._cond.notify()
         self._thread.join(timeout)
 
@@ -162,6 +165,14 @@ class WorkspaceIndexer:
         return due, wait
 
     def _run(self) -> None:
+        try:
+            self._work()
+        finally:
+            self.state = "stopped"
+            if self._clear_on_stop:
+                self.index.clear()
+
+    def _work(self) -> None:
         if sys.platform.startswith("linux"):  # per-thread there; elsewhere it would renice the whole server
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
