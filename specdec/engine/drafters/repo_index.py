@@ -30,7 +30,7 @@ MAX_TOKENS_LIMIT = REPO_INDEX_TOKENS_LIMIT
 MAX_DEPTH = 32  # longest match looked for, in tokens
 MAX_SEGMENTS = 8  # more than this and the two smallest are merged
 SEGMENT_TOKENS = 4_000_000  # merges stop at this size: bounds a merge's time and its transient memory
-MAX_CANDIDATES = 256  # occurrences read per segment for one query (more are sampled evenly)
+MAX_CANDIDATES = 256  # occurrences read for one query (more are sampled evenly)
 
 
 @dataclass
@@ -305,12 +305,13 @@ class RepoIndex:
         matches = [(seg, seg.match(backwards)) for seg in self._segments]
         longest = max((len(ranges) for _, ranges in matches), default=0)
         for length in range(longest, max(1, min_match) - 1, -1):
+            spans = [(seg, ranges[length - 1]) for seg, ranges in matches if len(ranges) >= length]
+            total = sum(hi - lo for _, (lo, hi) in spans)
             rows = []
-            for seg, ranges in matches:
-                if len(ranges) >= length:
-                    found = seg.positions(*ranges[length - 1], limit, excluded)
-                    if len(found):
-                        rows.append(seg.continuations(found, horizon))
+            for seg, (lo, hi) in spans:  # `limit` occurrences in all, shared by the segments' counts
+                found = seg.positions(lo, hi, max(1, -(-limit * (hi - lo) // total)), excluded)
+                if len(found):
+                    rows.append(seg.continuations(found, horizon))
             if rows:
                 return Continuations.from_rows(length, np.concatenate(rows))
         return None
