@@ -88,7 +88,7 @@ class Settings:
                                "binaries, generated or vendored files) in the background, for the auto and repo "
                                "strategies to draft from.", output=False)
     repo_index_max_tokens: int = setting(REPO_INDEX_MAX_TOKENS, "Token ids the repository index holds at most "
-                                         "(about 9 bytes each); files beyond it are not indexed.",
+                                         "(about 8 bytes each at rest); files beyond it are not indexed.",
                                          min=100_000, max=REPO_INDEX_TOKENS_LIMIT, output=False)
 
     def update(self, options: dict | None) -> "Settings":
