@@ -23,6 +23,8 @@ export interface ServerSettings {
   multiline: boolean;
   prometheusPort: number;
   adapters: boolean;
+  repoIndex: boolean;
+  repoIndexMaxTokens: number;
 }
 
 export const SERVER_DEFAULTS: ServerSettings = {
@@ -47,6 +49,8 @@ export const SERVER_DEFAULTS: ServerSettings = {
   multiline: true,
   prometheusPort: 0,
   adapters: true,
+  repoIndex: true,
+  repoIndexMaxTokens: 16000000,
 };
 
 export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
@@ -71,4 +75,6 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "multiline",
   "prometheusPort",
   "adapters",
+  "repoIndex",
+  "repoIndexMaxTokens",
 ];
