@@ -49,7 +49,7 @@ def applied(task: humaneval.InfillTask, text: str) -> str:
 
 
 def evaluate(host: ModelHost, tasks: list[humaneval.InfillTask], settings: Settings, config: str,
-             timeout: float, log=print) -> list[dict]:
+             timeout: float, log=print, on_row=lambda row: None) -> list[dict]:
     rows = []
     for task in tasks:
         text, generation = complete(host, task, settings)
@@ -62,6 +62,7 @@ def evaluate(host: ModelHost, tasks: list[humaneval.InfillTask], settings: Setti
                "prefill_computed": stats.prefill_computed, "prefill_reused": stats.prefill_reused,
                "tokens_per_second": stats.new_tokens / stats.seconds if stats.seconds else 0.0}
         rows.append(row)
+        on_row(row)
         log(f"  {config:14} {task.task_id:42} {outcome.status:9} exact={row['exact']!s:5} "
             f"{row['new_tokens']:3d} tok {row['seconds']:6.2f}s")
     return rows
@@ -192,22 +193,28 @@ def run(args, engine_default: str = "") -> int:
     load_seconds = time.perf_counter() - load_started
     print(f"models loaded in {load_seconds:.1f} s: target {settings.target} (target quant {settings.target_quant}), "
           f"draft {settings.draft if needs_draft_model(settings.strategy) else '-'}", flush=True)
+    out = Path(args.output if args.output != "bench-results/bench.json" else DEFAULT_OUTPUT)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".rows.jsonl")  # every row as it comes: a stopped run keeps what it did
     rows, configs = [], []
-    for strategy in strategies:
-        config = f"{settings.target_quant}/{strategy}"
-        configs.append(config)
-        current = replace(settings, strategy=strategy)
-        if not host.apply(current):
-            raise SpecdecError(f"strategy {strategy} needs models the loaded pair lacks")
-        rows.extend(evaluate(host, tasks, current, config, args.humaneval_timeout))
+    with partial.open("w") as rows_file:
+        def keep(row: dict) -> None:
+            rows_file.write(json.dumps(row) + "\n")
+            rows_file.flush()
+
+        for strategy in strategies:
+            config = f"{settings.target_quant}/{strategy}"
+            configs.append(config)
+            current = replace(settings, strategy=strategy)
+            if not host.apply(current):
+                raise SpecdecError(f"strategy {strategy} needs models the loaded pair lacks")
+            rows.extend(evaluate(host, tasks, current, config, args.humaneval_timeout, on_row=keep))
     host.executor.shutdown()
 
     summary = summarize(rows, configs)
     compared = compare(rows, configs, other) if other else None
     print_table(summary, compared)
     wall = time.perf_counter() - started
-    out = Path(args.output if args.output != "bench-results/bench.json" else DEFAULT_OUTPUT)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "dataset": {"source": args.humaneval_data or humaneval.PACKAGE,
                     "sha256": None if args.humaneval_data else humaneval.SHA256, "tasks_total": len(all_tasks),
@@ -217,5 +224,6 @@ def run(args, engine_default: str = "") -> int:
         "reference_failures": failing, "load_seconds": load_seconds, "wall_seconds": wall,
         "configs": configs, "summary": summary, "compare": compared, "rows": rows,
     }, indent=2))
+    partial.unlink()
     print(f"\nwrote {out} ({wall:.0f} s)")
     return 0

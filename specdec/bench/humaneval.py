@@ -133,8 +133,11 @@ def load_tasks(path: Path | str | None = None) -> list[InfillTask]:
 
 def sample(tasks: list[InfillTask], limit: int, seed: int = 0) -> list[InfillTask]:
     """`limit` tasks drawn with a seeded generator, in dataset order (all of them for limit <= 0): every
-    configuration, every run, sees the same tasks, spread over the problems rather than the first few."""
+    configuration, every run, sees the same tasks, spread over the problems rather than the first few.
+    The draw is a prefix of one seeded shuffle, so a larger limit keeps a smaller one's tasks."""
     if limit <= 0 or limit >= len(tasks):
         return list(tasks)
-    chosen = set(random.Random(f"humaneval:{seed}").sample(range(len(tasks)), limit))
+    order = list(range(len(tasks)))
+    random.Random(f"humaneval:{seed}").shuffle(order)
+    chosen = set(order[:limit])
     return [task for i, task in enumerate(tasks) if i in chosen]

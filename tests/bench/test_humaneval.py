@@ -66,6 +66,7 @@ def test_the_sample_is_seeded_in_dataset_order_and_spread():
     assert [order[id(t)] for t in picked] == sorted(order[id(t)] for t in picked)
     assert order[id(picked[-1])] > len(tasks) // 2  # not just the first tasks
     assert humaneval.sample(tasks, 0) == tasks and humaneval.sample(tasks, 10_000) == tasks
+    assert set(map(id, picked)) < set(map(id, humaneval.sample(tasks, 50, seed=0)))  # a larger limit extends it
 
 
 def test_a_correct_program_passes_and_a_wrong_one_fails():

@@ -111,6 +111,7 @@ def test_humaneval_bench_end_to_end_on_tiny_models(tmp_path, cli, capsys):
     assert report["configs"] == ["none/plain", "none/auto"]
     assert len(report["rows"]) == 4 and report["reference_pass"] == 1.0
     assert report["dataset"]["sample"] == 2 and len(report["dataset"]["task_ids"]) == 2
+    assert not (tmp_path / "he.json.rows.jsonl").exists()  # the rows kept as they came, gone once the JSON is written
     assert report["settings"]["max_new_tokens"] == Settings().max_new_tokens  # the server's budget
     auto = report["summary"]["none/auto"]
     assert auto["agreement_with_first"] == 1.0  # greedy: speculation never changes the text
