@@ -45,17 +45,17 @@ def swap_int8(model, mode: str = "int8") -> list[tuple[object, str, object]]:
 
 def quantize_target(target, mode: str, dtype: str = "auto") -> None:
     """Swap a loaded target's (specdec.models.loading.LoadedModel) Linear layers for int4/int8 ones in place
-    (CPU); `none` leaves it as loaded."""
+    (CPU); `none` leaves it as loaded. An int4 target's layers come from the cache after the first start."""
     if mode not in TARGET_QUANT:
         raise SpecdecError(f"unknown target quantization {mode!r}; use one of {', '.join(TARGET_QUANT)}")
     if mode == "none":
         return
     if next(target.model.parameters()).device.type != "cpu":
         raise SpecdecError(f"--target-quant {mode} runs PyTorch's CPU kernels; use none on {target.model.device}")
-    from specdec.models.int4 import TargetQuantConfig
-    from specdec.models.int4 import quantize_target as swap
-
     from specdec.hardware import torch_dtype
+    from specdec.models.int4 import TargetQuantConfig
+    from specdec.models.int4_cache import quantize_target_cached
 
     gguf = target_gguf(target.spec) if mode == "int4" else None
-    swap(target.model, TargetQuantConfig(mode), gguf, torch_dtype(dtype))
+    weights = list(target.path.resolve().glob("*.safetensors"))  # a Linear the GGUF lacks comes from these
+    quantize_target_cached(target.model, TargetQuantConfig(mode), gguf, torch_dtype(dtype), weights)
