@@ -380,6 +380,7 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
         return {"model": {"state": ls.host.state, "error": ls.host.error, "target": ls.settings.target,
                           "draft": ls.settings.draft, "strategy": ls.settings.strategy, "adapter": ls.host.adapter,
                           "adapter_error": ls.host.adapter_error, "progress": ls.host.progress},
-                "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune, **ls.metrics.summary()}
+                "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune,
+                "online_adaptation": ls.service.online.status(), **ls.metrics.summary()}
 
     return server

@@ -23,6 +23,10 @@ export interface ServerSettings {
   multiline: boolean;
   prometheusPort: number;
   adapters: boolean;
+  onlineAdaptation: boolean;
+  onlineEveryAccepted: number;
+  onlineSteps: number;
+  onlineIdleSeconds: number;
 }
 
 export const SERVER_DEFAULTS: ServerSettings = {
@@ -47,6 +51,10 @@ export const SERVER_DEFAULTS: ServerSettings = {
   multiline: true,
   prometheusPort: 0,
   adapters: true,
+  onlineAdaptation: false,
+  onlineEveryAccepted: 20,
+  onlineSteps: 8,
+  onlineIdleSeconds: 10.0,
 };
 
 export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
@@ -71,4 +79,8 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "multiline",
   "prometheusPort",
   "adapters",
+  "onlineAdaptation",
+  "onlineEveryAccepted",
+  "onlineSteps",
+  "onlineIdleSeconds",
 ];
