@@ -23,6 +23,7 @@ from typing import Callable
 
 from lsp_server import source_metrics, syntax
 from lsp_server.metrics import MetricsStore, RequestRecord
+from lsp_server.online import OnlineAdaptation
 from lsp_server.settings import Settings, SettingsError
 from specdec.errors import SpecdecError
 from specdec.engine.strategies import needs_draft_model, uses_repo_index
@@ -338,6 +339,7 @@ class CompletionService:
         self._waiting: list[int] = []
         self.counters = {"cancelled": 0, "superseded": 0, "dropped": 0, "errors": 0}
         self.on_accept: Callable[[Suggestion], None] = lambda suggestion: None  # e.g. index what the user took
+        self.online = OnlineAdaptation(host, metrics, settings)  # the draft adapter learns from accepted completions
 
     @property
     def settings(self) -> Settings:
@@ -350,6 +352,7 @@ class CompletionService:
             self.cache.clear()
             self.last.clear()
         self._settings = new
+        self.online.configure(new)
 
     def _key(self, request: CompletionRequest) -> tuple:
         """Everything a suggestion depends on: the request, and every output-affecting setting (from the schema)."""
@@ -360,6 +363,7 @@ class CompletionService:
         """didClose: a closed document's text must not stay in memory (the cache holds only bounded windows)."""
         self.last.pop(uri, None)
         self.latest.pop(uri, None)
+        self.online.forget(uri)
         token = self.running.get(uri)
         if token is not None:
             token.cancel()
@@ -395,6 +399,7 @@ class CompletionService:
         suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, request.language, request.workspace,
                                 request.adapter, request.prefix[-ACCEPTED_CONTEXT_CHARS:])
         self.shown[suggestion.id] = suggestion
+        self.online.served(suggestion.id, request, source, generation)
         while len(self.shown) > 256:
             self.shown.popitem(last=False)
         return suggestion
@@ -405,14 +410,18 @@ class CompletionService:
             return False
         self.metrics.accepted(suggestion.language, suggestion.workspace, suggestion.adapter)
         self.on_accept(suggestion)
+        self.online.accepted_suggestion(suggestion_id)
         return True
 
     async def complete(self, request: CompletionRequest) -> Suggestion | None:
+        self.online.begin_request(request)  # an online refresh stops before any generation
         try:
             return await self._complete(request)
         except asyncio.CancelledError:  # $/cancelRequest, while debouncing, waiting or generating
             self.counters["cancelled"] += 1
             raise
+        finally:
+            self.online.end_request()
 
     async def _complete(self, request: CompletionRequest) -> Suggestion | None:
         settings = self.settings

@@ -92,6 +92,18 @@ class Settings:
     repo_index_max_tokens: int = setting(REPO_INDEX_MAX_TOKENS, "Token ids the repository index holds at most "
                                          "(about 8 bytes each at rest); files beyond it are not indexed.",
                                          min=100_000, max=REPO_INDEX_TOKENS_LIMIT, output=False)
+    online_adaptation: bool = setting(False, "Keep refreshing the workspace's draft adapter from the completions "
+                                      "you accept and the files you edit: a few LoRA steps in a lower-priority "
+                                      "child process while you are idle, stopped while a completion runs, kept "
+                                      "only if acceptance does not fall. Needs adapters and a draft model. Costs "
+                                      "CPU and memory (see the README).", output=False)
+    online_every_accepted: int = setting(20, "Accepted completions of a workspace between two online refreshes.",
+                                         min=2, max=1000, output=False)
+    online_steps: int = setting(8, "Training steps (two samples each) per online refresh.", min=1, max=200,
+                                output=False)
+    online_idle_seconds: float = setting(10.0, "Seconds without a completion request before an online refresh "
+                                         "starts, or resumes after a completion stopped it.", min=1.0, max=600.0,
+                                         output=False)
 
     def update(self, options: dict | None) -> "Settings":
         """A new Settings with the recognised keys of options applied; raises SettingsError naming every bad key."""

@@ -25,6 +25,10 @@ export interface ServerSettings {
   adapters: boolean;
   repoIndex: boolean;
   repoIndexMaxTokens: number;
+  onlineAdaptation: boolean;
+  onlineEveryAccepted: number;
+  onlineSteps: number;
+  onlineIdleSeconds: number;
 }
 
 export const SERVER_DEFAULTS: ServerSettings = {
@@ -51,6 +55,10 @@ export const SERVER_DEFAULTS: ServerSettings = {
   adapters: true,
   repoIndex: true,
   repoIndexMaxTokens: 16000000,
+  onlineAdaptation: false,
+  onlineEveryAccepted: 20,
+  onlineSteps: 8,
+  onlineIdleSeconds: 10.0,
 };
 
 export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
@@ -77,4 +85,8 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "adapters",
   "repoIndex",
   "repoIndexMaxTokens",
+  "onlineAdaptation",
+  "onlineEveryAccepted",
+  "onlineSteps",
+  "onlineIdleSeconds",
 ];
