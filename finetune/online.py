@@ -14,7 +14,9 @@ a training step), its lower priority and single thread are its own, and its memo
 Losses: an accepted completion is the target's own output, so cross-entropy on its tokens is distillation
 (toward the target's top token when greedy; an unbiased sample of the KL when sampled) and needs no target.
 Edited files are the user's text, not the target's: they are distilled toward the target's distribution
-(KL, as `specdec finetune`), since plain cross-entropy on code lowered agreement (docs/finetuning.md).
+(KL over its 64 most likely next tokens), since plain cross-entropy on code lowered agreement
+(docs/finetuning.md). The target labels them first and leaves memory before the draft is loaded: the two are
+never held together.
 
 Acceptance is scored without decoding: along the target's own greedy tokens, a greedy draft's accepted run
 is its run of consecutive top-1 matches, so one teacher-forced pass of the served draft (adapter folded,
@@ -35,6 +37,7 @@ from specdec.errors import SpecdecError
 
 EVAL_K = 4  # fixed draft length of the acceptance score, as `specdec finetune` scores
 MAX_HELDOUT = 8
+TEACHER_TOP = 64  # the target's most likely next tokens an edited-file sample is distilled toward
 EDITED_SHARE = 0.5  # of the training steps, when there are edited files (the others use accepted completions)
 
 
@@ -58,6 +61,7 @@ class OnlineJob:
     seed: int = 0
     accepted: list[dict] = field(default_factory=list)
     edited: list[dict] = field(default_factory=list)
+    fresh: int = -1  # the newest `fresh` accepted completions were never trained on (-1: all of them)
 
     @classmethod
     def parse(cls, data) -> OnlineJob:
@@ -89,6 +93,7 @@ class Sample:
     ids: list[int]
     start: int
     kind: str  # "accepted" | "edited"
+    teacher: tuple | None = None  # edited: the target's top next tokens [T-1, K] and their probabilities [T-1, K]
 
 
 @dataclass
@@ -120,8 +125,9 @@ def document_reason(path: str, text: str) -> str | None:
 
 def build_data(job: OnlineJob, tokenizer, template) -> OnlineData:
     """Training and held-out samples from the job, secrets filtered out (a document with a finding is never used,
-    nor is any completion accepted in it). The newest accepted completions are held out, and their text is cut
-    out of the edited documents, so the score is on text the refresh never trained on."""
+    nor is any completion accepted in it). The newest accepted completions, none of them trained on by an
+    earlier refresh, are held out, and their text is cut out of the edited documents, so the score is on text
+    no refresh trained on."""
     from specdec.prompts import fim
     from specdec_finetune.dataset import SampleBuilder, SourceText
 
@@ -136,8 +142,8 @@ def build_data(job: OnlineJob, tokenizer, template) -> OnlineData:
         if reason:
             dropped[path] = reason
     budget = job.seq_len // 2
-    accepted: list[tuple[Sample, str]] = []
-    for entry, completion in zip(job.accepted, completions):
+    accepted: list[tuple[Sample, str, int]] = []
+    for index, (entry, completion) in enumerate(zip(job.accepted, completions)):
         path = entry.get("path", "")
         if path in dropped:
             continue  # its document has a finding: nothing from it, not even a clean-looking window
@@ -145,8 +151,12 @@ def build_data(job: OnlineJob, tokenizer, template) -> OnlineData:
                            max_prefix_tokens=budget, max_suffix_tokens=budget // 3).ids
         tokens = [int(t) for t in entry["tokens"]][: max(0, job.seq_len - len(prompt))]
         if len(tokens) >= 2:
-            accepted.append((Sample(prompt + tokens, len(prompt), "accepted"), entry.get("text") or completion))
-    n_heldout = min(MAX_HELDOUT, max(1, len(accepted) // 4)) if len(accepted) >= 2 else 0
+            accepted.append((Sample(prompt + tokens, len(prompt), "accepted"), entry.get("text") or completion, index))
+    # held out: the newest quarter of those accepted since the last refresh (earlier ones may be in the adapter)
+    first_fresh = 0 if job.fresh < 0 else max(0, len(job.accepted) - job.fresh)
+    fresh = sum(1 for _, _, index in accepted if index >= first_fresh)
+    n_heldout = min(MAX_HELDOUT, max(1, fresh // 4), fresh) if len(accepted) >= 2 else 0
+    accepted = [(sample, text) for sample, text, _ in accepted]
     heldout = accepted[len(accepted) - n_heldout :]
     train = [s for s, _ in accepted[: len(accepted) - n_heldout]]
     # what the user took of each held-out completion (the suggestion may end before the generated tokens do)
@@ -184,6 +194,30 @@ def fixed_k_blocks(matches: list[bool], k: int = EVAL_K) -> tuple[int, int]:
     return drafted, accepted
 
 
+def position_hidden(model, ids, mask, rows: list[list[int]]):
+    """The last hidden states [sum(len(r)), H] at the given positions of each row of ids [B, T] only: the
+    output layer over the whole vocabulary is the largest activation of a step, and an accepted completion
+    needs it at its few target tokens, not at the hundreds of context positions before them."""
+    import torch
+
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, T, H]
+    index = torch.tensor([(b, t) for b, positions in enumerate(rows) for t in positions])
+    return hidden[index[:, 0], index[:, 1]]
+
+
+def chunked_loss(head, hidden, loss, *targets, chunk: int = 128):
+    """Mean over positions of loss(head(hidden), *targets), a chunk of positions at a time, each chunk's logits
+    [chunk, V] recomputed in the backward pass rather than kept (activation checkpointing)."""
+    from torch.utils.checkpoint import checkpoint
+
+    total = 0.0
+    for i in range(0, len(hidden), chunk):
+        part = [t[i : i + chunk] for t in targets]
+        total = total + checkpoint(lambda h, *t: loss(head(h), *t).sum(), hidden[i : i + chunk], *part,
+                                   use_reentrant=False)
+    return total / len(hidden)
+
+
 def greedy_acceptance(model, samples: list[Sample], k: int = EVAL_K) -> dict:
     """Acceptance of `model` as a greedy draft of length k along each sample's target tokens (ids[start:])."""
     import torch
@@ -192,24 +226,51 @@ def greedy_acceptance(model, samples: list[Sample], k: int = EVAL_K) -> dict:
     with torch.no_grad():
         for sample in samples:
             ids = torch.tensor([sample.ids])
-            guesses = model(input_ids=ids).logits[0, sample.start - 1 : len(sample.ids) - 1].argmax(-1)
+            hidden = position_hidden(model, ids, None, [list(range(sample.start - 1, len(sample.ids) - 1))])
+            guesses = model.get_output_embeddings()(hidden).argmax(-1)
             d, a = fixed_k_blocks((guesses == ids[0, sample.start :]).tolist(), k)
             drafted, accepted = drafted + d, accepted + a
     return {"samples": len(samples), "drafted": drafted, "accepted": accepted,
             "acceptance_rate": accepted / drafted if drafted else 0.0}
 
 
-def train_steps(model, target, samples: list[Sample], job: OnlineJob, pad_id: int, on_step=None) -> list[float]:
+def teach(target, samples: list[Sample], top: int = TEACHER_TOP) -> None:
+    """The target's `top` most likely next tokens and their probabilities (renormalized over them) at every
+    position of each edited-file sample, kept on the sample: the target can then leave memory before the
+    draft is trained, instead of the two being held together."""
+    import torch
+
+    with torch.no_grad():
+        for sample in samples:
+            logits = target(input_ids=torch.tensor([sample.ids])).logits[0, :-1].float()  # [T-1, V]
+            values, ids = logits.topk(top, -1)
+            sample.teacher = (ids, values.softmax(-1))
+
+
+def cross_entropy(logits, labels):
+    """Per position: logits [N, V], labels [N]."""
+    import torch
+
+    return torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+
+
+def sparse_kl(logits, teacher_ids, teacher_probs):
+    """KL from the target's top tokens (renormalized) to the draft, per position: logits [N, V], teacher [N, K]."""
+    logits = logits.float()
+    log_q = logits.gather(-1, teacher_ids) - logits.logsumexp(-1, keepdim=True)
+    return (teacher_probs * (teacher_probs.clamp(min=1e-12).log() - log_q)).sum(-1)
+
+
+def train_steps(model, samples: list[Sample], job: OnlineJob, pad_id: int, on_step=None) -> list[float]:
     """`job.steps` LoRA steps; batches alternate between accepted completions (cross-entropy on the target's
-    tokens only) and edited-file samples (KL toward the target), when there are both. Returns the losses."""
+    tokens only) and edited-file samples (KL toward the target's top tokens), when there are both."""
     import torch
 
     from specdec.hardware import native_bf16
-    from specdec_finetune.train import collate, loss_fn
+    from specdec_finetune.train import collate
 
-    pools = {kind: [s for s in samples if s.kind == kind] for kind in ("accepted", "edited")}
-    if target is None:
-        pools["edited"] = []
+    pools = {"accepted": [s for s in samples if s.kind == "accepted"],
+             "edited": [s for s in samples if s.kind == "edited" and s.teacher is not None]}
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=job.learning_rate)
     cursor = {"accepted": 0, "edited": 0}
     losses = []
@@ -220,17 +281,16 @@ def train_steps(model, target, samples: list[Sample], job: OnlineJob, pad_id: in
         batch = [pool[(cursor[kind] + i) % len(pool)] for i in range(job.batch_size)]
         cursor[kind] += job.batch_size
         ids, mask = collate([s.ids for s in batch], pad_id)
+        head = model.get_output_embeddings()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16("cpu")):
-            logits = model(input_ids=ids, attention_mask=mask).logits
-            if kind == "accepted":
-                scored = mask.clone()  # the loss covers the target's tokens, not the user's context before them
-                for row, sample in enumerate(batch):
-                    scored[row, : sample.start] = 0
-                loss = loss_fn(logits, ids, scored, None, "lm")
+            if kind == "accepted":  # the target's own tokens, predicted from everything before them
+                rows = [list(range(s.start - 1, len(s.ids) - 1)) for s in batch]
+                labels = torch.tensor([s.ids[t + 1] for s, r in zip(batch, rows) for t in r])
+                loss = chunked_loss(head, position_hidden(model, ids, mask, rows), cross_entropy, labels)
             else:
-                with torch.no_grad():
-                    target_logits = target(input_ids=ids, attention_mask=mask).logits
-                loss = loss_fn(logits, ids, mask, target_logits, "distill")
+                rows = [list(range(len(s.ids) - 1)) for s in batch]
+                loss = chunked_loss(head, position_hidden(model, ids, mask, rows), sparse_kl,
+                                    torch.cat([s.teacher[0] for s in batch]), torch.cat([s.teacher[1] for s in batch]))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -241,6 +301,32 @@ def train_steps(model, target, samples: list[Sample], job: OnlineJob, pad_id: in
     return losses
 
 
+def served_copy(model, quant: str):
+    """A copy of the peft draft as the server runs it: in fp32, the adapter folded in, then quantized as `quant`
+    says (finetune.evaluate.as_served, but folded in fp32 when the draft is held in bf16, as the server folds)."""
+    import copy
+
+    from specdec.models.quantize import quantize_draft
+
+    served = copy.deepcopy(model)
+    served.float()
+    return quantize_draft(served.merge_and_unload(), quant)
+
+
+def release_memory() -> None:
+    """Collect, and hand freed heap back to the system (glibc keeps it otherwise, and the RSS stays at the peak
+    of the phase before: the target's, a scoring copy's)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
 def cpu_seconds() -> float:
     import psutil
 
@@ -249,24 +335,32 @@ def cpu_seconds() -> float:
 
 
 def refresh(job: OnlineJob, report=lambda message: None, on_step=None) -> dict:
-    """Train, score before and after, register if not worse. Returns the outcome the server records."""
-    from peft import LoraConfig, PeftModel, get_peft_model
+    """Train, score before and after, register if not worse. Returns the outcome the server records.
 
-    from specdec.models.loading import check_same_tokenizer, load
+    One model at a time: the target (only when there are edited files) labels their samples and is freed,
+    then the draft is loaded, scored, trained and scored again."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoTokenizer
+
+    from specdec.models.loading import LoadedModel, check_same_tokenizer, load
     from specdec.models.quantize import swap_int8
+    from specdec.models.store import resolve
     from specdec.prompts import fim
     from specdec_adapters.registry import AdapterMeta, Registry, repo_identity
-    from specdec_finetune.evaluate import as_served
-    from specdec_finetune.train import TrainConfig, pad_token_id
+    from specdec_finetune.train import TrainConfig, _bf16_exact, pad_token_id
 
+    import torch
+
+    torch.manual_seed(job.seed)  # the fresh LoRA's initialisation and its dropout
     started, cpu_start = time.monotonic(), cpu_seconds()
     root = Path(job.workspace)
     if not root.is_dir():
         raise SpecdecError(f"online refresh: no workspace folder {job.workspace}")
-    draft = load(job.draft, "fp32")
-    if job.draft_hash and draft.weight_hash != job.draft_hash:
+    draft_path = resolve(job.draft)
+    draft_hash = LoadedModel(job.draft, draft_path, None, None).weight_hash
+    if job.draft_hash and draft_hash != job.draft_hash:
         raise SpecdecError(f"online refresh: the draft {job.draft} on disk is not the one the server runs")
-    tokenizer = draft.tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(draft_path))
     data = build_data(job, tokenizer, fim.detect(tokenizer, job.fim_family or None))
     for path, reason in sorted(data.dropped.items()):
         report(f"never trained on: {path} ({reason})")
@@ -278,15 +372,22 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None) -> dict:
 
     if not data.heldout or not any(s.kind == "accepted" for s in data.train):
         return finish(skipped="fewer than two usable accepted completions")
-    target = None
-    if any(s.kind == "edited" for s in data.train):
-        loaded = load(job.target, job.dtype)
-        check_same_tokenizer(loaded.tokenizer, tokenizer, job.target, job.draft)
-        target = loaded.model
+    edited = [s for s in data.train if s.kind == "edited"]
+    if edited:
+        target = load(job.target, job.dtype)
+        check_same_tokenizer(target.tokenizer, tokenizer, job.target, job.draft)
+        teach(target.model, edited)
+        del target
+        release_memory()
+    draft = load(job.draft, "fp32")
+    if _bf16_exact(draft.model):  # the cached checkpoints are bf16: held so, the frozen draft takes half the memory
+        for param in draft.model.parameters():  # parameters only: RoPE's inv_freq buffer must stay fp32
+            param.data = param.data.to(torch.bfloat16)
+    release_memory()
     key, remote, commit = repo_identity(root)
     registry = Registry()
     previous = registry.latest(key)
-    if previous is not None and previous.base_draft_hash != draft.weight_hash:
+    if previous is not None and previous.base_draft_hash != draft_hash:
         previous = None  # made for another draft: the server does not serve it, so start afresh
     if previous is not None:
         model = PeftModel.from_pretrained(draft.model, registry.path(previous), is_trainable=True)
@@ -297,15 +398,26 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None) -> dict:
                                                        target_modules=list(config.target_modules),
                                                        task_type="CAUSAL_LM"))
     outcome["previous"] = previous.name if previous else ""
-    before = greedy_acceptance(as_served(model, job.draft_quant), data.heldout)
+
+    def score() -> dict:
+        served = served_copy(model, job.draft_quant)
+        try:
+            return greedy_acceptance(served, data.heldout)
+        finally:
+            del served
+            release_memory()
+
+    before = score()
     report(f"before: acceptance {before['acceptance_rate']:.3f} on {len(data.heldout)} held-out completions")
     swapped = swap_int8(model, job.draft_quant) if job.draft_quant != "none" else []
     try:  # over the int8 base the server runs (as `specdec finetune --draft-quant` trains)
-        losses = train_steps(model, target, data.train, job, pad_token_id(tokenizer), on_step)
+        losses = train_steps(model, data.train, job, pad_token_id(tokenizer), on_step)
     finally:
         for parent, name, original in swapped:
             setattr(parent, name, original)
-    after = greedy_acceptance(as_served(model, job.draft_quant), data.heldout)
+        del swapped
+        release_memory()
+    after = score()
     kept = after["acceptance_rate"] >= before["acceptance_rate"]
     report(f"after:  acceptance {after['acceptance_rate']:.3f}: " + ("kept" if kept else "discarded (worse)"))
     outcome.update(before=before, after=after, steps=len(losses), losses=losses, kept=kept)
@@ -314,7 +426,7 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None) -> dict:
 
         summary = {k: v for k, v in data.summary().items() if k != "dropped"}
         meta = AdapterMeta(repo_key=key, version="", repo_root=str(root.resolve()), git_remote=remote,
-                           git_commit=commit, base_draft=job.draft, base_draft_hash=draft.weight_hash,
+                           git_commit=commit, base_draft=job.draft, base_draft_hash=draft_hash,
                            target=job.target, dataset=summary, metrics_before={"total": before},
                            metrics_after={"total": after},
                            training={"online": True, "continued_from": outcome["previous"], "steps": len(losses),

@@ -8,9 +8,10 @@ and edited documents on its stdin. A completion request stops the child (SIGSTOP
 has been idle that long again, so training never runs while a completion does. A child process because
 lsp_server may not import specdec_finetune, and because a stopped process is paused at once, mid-step, where a
 thread could only stop between steps. A refresh the child keeps is the repository's newest registered adapter;
-the swap into the served draft is queued on the model worker, so it happens after the running generation and
-before the next, with no reload (ModelHost._use_adapter, the path every request takes). Each refresh is a
-metrics record (kind "online": samples, steps, seconds, CPU seconds, acceptance before and after, kept).
+the swap into the served draft is queued on the model worker at idle, so it happens after the running
+generation and before the next, with no reload (ModelHost._use_adapter, the path every request takes). Each
+refresh is a metrics record (kind "online": samples, steps, seconds, CPU seconds, acceptance before and after,
+kept).
 Nothing of this touches the disk but the adapter and the record: the texts travel over the child's stdin.
 """
 
@@ -72,8 +73,9 @@ class OnlineAdaptation:
         self.error = ""
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None
+        self._swap_due = ""  # a workspace whose kept refresh waits for idle to be swapped in
         self.swaps: list[asyncio.Future] = []  # hot swaps queued on the model worker (tests wait on them)
-        atexit.register(self.close)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- what the service reports -----------------------------------------------------------
     @property
@@ -93,11 +95,13 @@ class OnlineAdaptation:
             self.close()
             for store in (self.pending, self.latest, self.accepted, self.edited, self.since):
                 store.clear()
+            self._swap_due = ""  # a kept adapter is registered: the next request of its workspace uses it
         elif self._timer is not None or self.process is not None:
             self._arm()  # a new idle time applies from now
 
     def begin_request(self, request) -> None:
         """A completion request arrived: the user is active; a running refresh stops before any generation."""
+        self._loop = asyncio.get_running_loop()
         self.busy += 1
         self.last_activity = time.monotonic()
         if self._timer is not None:
@@ -116,23 +120,23 @@ class OnlineAdaptation:
         self.last_activity = time.monotonic()
         self._arm()
 
-    def served(self, suggestion_id: str, request, source: str, generation=None) -> None:
+    def served(self, suggestion, request, generation=None) -> None:
         """A suggestion was shown: keep what it would teach, until it is accepted or pushed out."""
         if not self.enabled or not request.workspace:
             return
         if generation is not None and generation.tokens:
             sample = AcceptedSample(request.path, request.language, request.prefix[-PREFIX_CHARS:],
                                     request.suffix[:SUFFIX_CHARS], [int(t) for t in generation.tokens],
-                                    generation.text)
+                                    suggestion.text)
             self.latest[request.uri] = (request.workspace, sample)
             self.latest.move_to_end(request.uri)
             while len(self.latest) > MAX_PENDING:
                 self.latest.popitem(last=False)
-        elif source == "typeahead" and request.uri in self.latest:
+        elif suggestion.source == "typeahead" and request.uri in self.latest:
             sample = self.latest[request.uri][1]  # the rest of the model's own completion, as typed ahead
         else:
             return  # a cache hit: its generation was another request's
-        self.pending[suggestion_id] = (request.workspace, sample)
+        self.pending[suggestion.id] = (request.workspace, sample)
         while len(self.pending) > MAX_PENDING:
             self.pending.popitem(last=False)
 
@@ -171,15 +175,22 @@ class OnlineAdaptation:
         return ""
 
     def _arm(self) -> None:
-        """Call _on_idle once the user has been idle for onlineIdleSeconds, if a refresh is due or paused."""
-        if self.busy or not self.enabled or (self.process is None and not self._due()):
+        """Call _on_idle once the user has been idle for onlineIdleSeconds, if a refresh or a swap is due, or a
+        refresh is paused."""
+        if self.busy or not self.enabled or (self.process is None and not self._due() and not self._swap_due):
             return
         if self.process is not None and not self.paused:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called off the event loop (an accept from a worker thread): arm it there
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._arm)
             return
         if self._timer is not None:
             self._timer.cancel()
         delay = max(0.0, self.last_activity + self.settings.online_idle_seconds - time.monotonic())
-        self._timer = asyncio.get_running_loop().call_later(delay, self._on_idle)
+        self._timer = loop.call_later(delay, self._on_idle)
 
     def _on_idle(self) -> None:
         self._timer = None
@@ -188,6 +199,10 @@ class OnlineAdaptation:
         if time.monotonic() - self.last_activity < self.settings.online_idle_seconds:
             self._arm()
             return
+        if self._swap_due:  # folding the new adapter in takes the model worker a few seconds: not while typing
+            loop = asyncio.get_running_loop()
+            self.swaps.append(loop.run_in_executor(self.host.executor, self._swap, self._swap_due))
+            self._swap_due = ""
         if self.process is not None:
             self._resume()
         elif self._task is None:
@@ -236,6 +251,7 @@ class OnlineAdaptation:
         return {"workspace": workspace, "draft": s.draft, "target": s.target, "draft_hash": self.host.draft_hash,
                 "dtype": s.dtype, "draft_quant": s.draft_quant, "fim_family": s.fim_family,
                 "steps": s.online_steps, "accepted": [asdict(a) for a in self.accepted.get(workspace, ())],
+                "fresh": self.since.get(workspace, 0),  # the newest, never trained on: the held-out set's pool
                 "edited": [{"path": path, "language": language, "text": text}
                            for path, language, text in self.edited.get(workspace, {}).values()]}
 
@@ -251,6 +267,7 @@ class OnlineAdaptation:
                 sys.executable, "-m", TRAINER, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL, env=env)
             self.paused = False
+            atexit.register(self.close)  # a stopped child must not outlive the server
             if self.busy or time.monotonic() - self.last_activity < self.settings.online_idle_seconds:
                 self._suspend()  # a request came while it was starting
                 self._arm()
@@ -276,13 +293,13 @@ class OnlineAdaptation:
         finally:
             if self.paused:
                 self._resume()
+            atexit.unregister(self.close)
             self.process, self.paused, self.running, self._task = None, False, "", None
         self.error = error
         self._record(workspace, started, outcome, error)
         if outcome.get("kept") and outcome.get("adapter"):
-            loop = asyncio.get_running_loop()
-            self.swaps.append(loop.run_in_executor(self.host.executor, self._swap, workspace))
-        self._arm()  # another workspace may be due
+            self._swap_due = workspace
+        self._arm()  # the swap, and another workspace's refresh, at idle
 
     def _record(self, workspace: str, started: float, outcome: dict, error: str) -> None:
         def rate(key):
@@ -311,15 +328,20 @@ class OnlineAdaptation:
         weights from the draft, their folders from the registry). Adapters made by `specdec finetune` stay."""
         from specdec_adapters.registry import Registry, repo_identity
 
+        from specdec.errors import SpecdecError
+
         host = self.host
         if host.switchable is None:
             return
         host._use_adapter(workspace)  # the newest registered adapter; the draft's KV cache restarts
-        registry = Registry()
-        key = repo_identity(Path(workspace))[0]
-        for meta in registry.versions(key)[:-1]:
-            if not meta.training.get("online"):
-                continue
-            if meta.name != host.switchable.active:
-                host.switchable.unload(meta.name)
-            registry.remove(key, meta.version)
+        try:
+            registry = Registry()
+            key = repo_identity(Path(workspace))[0]
+            for meta in registry.versions(key)[:-1]:
+                if not meta.training.get("online"):
+                    continue
+                if meta.name != host.switchable.active:
+                    host.switchable.unload(meta.name)
+                registry.remove(key, meta.version)
+        except (SpecdecError, OSError) as exc:  # the registry changed under it: the next swap tidies up
+            log.warning("online adaptation: replaced adapters of %s not removed: %s", workspace, exc)

@@ -399,7 +399,7 @@ class CompletionService:
         suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, request.language, request.workspace,
                                 request.adapter, request.prefix[-ACCEPTED_CONTEXT_CHARS:])
         self.shown[suggestion.id] = suggestion
-        self.online.served(suggestion.id, request, source, generation)
+        self.online.served(suggestion, request, generation)
         while len(self.shown) > 256:
             self.shown.popitem(last=False)
         return suggestion

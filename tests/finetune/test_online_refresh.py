@@ -134,6 +134,17 @@ def test_held_out_completions_are_cut_out_of_the_edited_files(setup):
     assert edited and not any("wibble=99" in t for t in edited)
 
 
+def test_only_completions_no_refresh_trained_on_are_held_out(setup):
+    from specdec.prompts import fim
+    from specdec_finetune.online import build_data
+
+    target_dir, draft_dir, tok, repo, entries = setup
+    assert len(build_data(job(setup), tok, fim.detect(tok)).heldout) == 2  # a quarter of 8, all new
+    data = build_data(job(setup, fresh=1), tok, fim.detect(tok))  # 7 were in the last refresh
+    assert len(data.heldout) == 1 and data.heldout[0].ids[data.heldout[0].start :] == entries[-1]["tokens"]
+    assert build_data(job(setup, fresh=0), tok, fim.detect(tok)).heldout == []
+
+
 def test_a_refresh_that_lowers_acceptance_is_discarded(setup):
     """The draft is the target itself (it agrees wherever the shorter training prompt keeps the target's choice);
     a wild learning rate breaks it: not registered."""
