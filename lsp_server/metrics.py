@@ -285,7 +285,7 @@ class PrometheusExporter:
             self.suggestions_accepted.labels(lang).inc()
             return
         if row.get("kind") == "online":
-            self.online_refreshes.labels("failed" if row.get("error") else "kept" if row["kept"] else "discarded").inc()
+            self.online_refreshes.labels("failed" if row.get("error") else "kept" if row.get("kept") else "discarded").inc()
             return
         self.requests.labels(lang, row["source"]).inc()
         self.drafted.labels(lang).inc(row["drafted"])
