@@ -285,7 +285,8 @@ class PrometheusExporter:
             self.suggestions_accepted.labels(lang).inc()
             return
         if row.get("kind") == "online":
-            self.online_refreshes.labels("failed" if row.get("error") else "kept" if row.get("kept") else "discarded").inc()
+            outcome = "failed" if row.get("error") else "kept" if row.get("kept") else "discarded"
+            self.online_refreshes.labels(outcome).inc()
             return
         self.requests.labels(lang, row["source"]).inc()
         self.drafted.labels(lang).inc(row["drafted"])
