@@ -1,7 +1,7 @@
 """Per-language (and per-workspace) acceptance metrics, persisted as JSON lines.
 
 Every served request appends one record to `<state dir>/metrics.jsonl`; suggestions the
-user accepts append an `accepted` event. `specdec stats` and the `specdec/stats` request
+user accepts append an `accepted` event, and each online adaptation refresh an `online` one. `specdec stats` and the `specdec/stats` request
 aggregate the same records, so the editor and the command line always agree.
 """
 
