@@ -1,7 +1,7 @@
 """Per-language (and per-workspace) acceptance metrics, persisted as JSON lines.
 
 Every served request appends one record to `<state dir>/metrics.jsonl`; suggestions the
-user accepts append an `accepted` event. `specdec stats` and the `specdec/stats` request
+user accepts append an `accepted` event, and each online adaptation refresh an `online` one. `specdec stats` and the `specdec/stats` request
 aggregate the same records, so the editor and the command line always agree.
 """
 
@@ -285,7 +285,8 @@ class PrometheusExporter:
             self.suggestions_accepted.labels(lang).inc()
             return
         if row.get("kind") == "online":
-            self.online_refreshes.labels("failed" if row.get("error") else "kept" if row["kept"] else "discarded").inc()
+            outcome = "failed" if row.get("error") else "kept" if row.get("kept") else "discarded"
+            self.online_refreshes.labels(outcome).inc()
             return
         self.requests.labels(lang, row["source"]).inc()
         self.drafted.labels(lang).inc(row["drafted"])

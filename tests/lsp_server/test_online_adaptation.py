@@ -55,12 +55,21 @@ def test_online_settings_are_off_by_default_and_bounded():
 
 def test_refresh_records_are_kept_apart_from_requests(tmp_path):
     """A refresh is a metrics record of its own kind: before/after acceptance in specdec/stats, no request counts."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     store = MetricsStore(tmp_path / "m.jsonl")
+    store.serve_prometheus(port)
     row = {"kind": "online", "time": time.time(), "language": "", "workspace": "/w", "adapter": "w-1@v2",
            "previous": "w-1@v1", "kept": True, "acceptance_before": 0.5, "acceptance_after": 0.6, "heldout": 2,
            "accepted_samples": 6, "edited_samples": 8, "edited_files": 2, "dropped_files": 1, "steps": 8,
            "seconds": 90.0, "paused_seconds": 3.0, "cpu_seconds": 80.0, "skipped": "", "error": ""}
     store.add(row)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'specdec_online_refreshes_total{outcome="kept"} 1.0' in body
     store.add({**row, "kept": "maybe"})  # malformed: skipped, not fatal
     summary = store.summary()
     assert summary["online"] == [row] and summary["skipped_records"] == 1
