@@ -63,6 +63,19 @@ def test_the_plan_respects_the_cap_and_the_session_budget():
     assert len(planner.plan(0)) == 0
 
 
+def test_a_row_that_sums_to_one_is_not_rounded_past_it():
+    """A draft that is nearly always right: 0.866 + 0.044 + ... = 1 rounds (to nearest) to 1.01, which the
+    program refuses; the planner rounds down."""
+
+    class Rows:
+        def rows(self, depths):
+            return [[0.866, 0.044, 0.034, 0.024, 0.016, 0.006, 0.005, 0.005]] * depths
+
+    assert sum(round(p, 2) for p in Rows().rows(1)[0]) > 1.0
+    shape = TreePlanner(FLAT, Rows(), max_nodes=8, draft_level_seconds=0.0001).plan(8)
+    assert len(shape) == 8
+
+
 def test_draft_level_cost_is_learnt_from_timings_and_starts_from_a_prior():
     planner = TreePlanner(CPU, trained([0.8, 0.1]))
     planner.plan(8)
