@@ -159,7 +159,7 @@ class ModelHost:
 
                 markers = fim.markers(pair.target.tokenizer, fim.detect(pair.target.tokenizer,
                                                                          settings.fim_family or None))
-                if needs_cost_curve(settings.strategy):
+                if needs_cost_curve(settings.strategy, draft_model is not None):
                     report_and_keep("measuring the target's verify cost (once per model)", 90)
                 session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy, draft_model,
                                        max_draft=settings.max_draft, repo_index=self.index_for(settings),
@@ -205,7 +205,7 @@ class ModelHost:
         needs_draft = needs_draft_model(settings.strategy)
         if needs_draft and plan.draft_model is None and settings.draft:
             return None
-        if needs_cost_curve(settings.strategy) and completer.session.cost_curve is None:
+        if needs_cost_curve(settings.strategy, plan.draft_model is not None) and completer.session.cost_curve is None:
             return None  # measured at load, while nothing generates
         session = completer.session
         try:
