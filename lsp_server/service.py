@@ -147,7 +147,7 @@ class ModelHost:
                 adapters = settings.adapters and needs_draft
                 pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
                                  "none" if adapters else settings.draft_quant, target_quant=settings.target_quant)
-                report_and_keep("building session", 95)
+                report_and_keep("building session", 90)
                 draft_model = pair.draft.model if pair.draft else None
                 switchable, draft_hash = None, self.draft_hash
                 if adapters and pair.draft is not None:
@@ -160,7 +160,7 @@ class ModelHost:
                 markers = fim.markers(pair.target.tokenizer, fim.detect(pair.target.tokenizer,
                                                                          settings.fim_family or None))
                 if needs_cost_curve(settings.strategy, draft_model is not None):
-                    report_and_keep("measuring the target's verify cost (once per model)", 90)
+                    report_and_keep("measuring the target's verify cost (once per model)", 95)  # after 90: monotonic
                 session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy, draft_model,
                                        max_draft=settings.max_draft, repo_index=self.index_for(settings),
                                        prompt_markers=markers, cost_key=cost_curve_key(**pair.target_identity()))
