@@ -113,7 +113,9 @@ def _planned_draft(draft_model, length, max_draft: int, cost_curve):
         except SpecdecError:
             pass
         else:
-            return DraftTree(draft_model, length=length, planner=TreePlanner(cost_curve, max_nodes=max_draft))
+            member = DraftTree(draft_model, length=length, planner=TreePlanner(cost_curve, max_nodes=max_draft))
+            member.name = DraftModel.name  # chain or tree, the draft model's drafts: one source in the statistics
+            return member
     return DraftModel(draft_model, length)
 
 

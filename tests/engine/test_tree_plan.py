@@ -117,8 +117,10 @@ def test_auto_plans_its_draft_model_with_the_cost_curve_and_drafts_chains_withou
     from specdec.engine.drafters.draft_model import DraftModel
 
     assert needs_cost_curve("auto") and not needs_cost_curve("auto", draft_model=False)
-    member = make_drafter("auto", target, max_draft=6, cost_curve=CPU).members()[-1]
+    auto = make_drafter("auto", target, max_draft=6, cost_curve=CPU)
+    member = auto.members()[-1]
     assert isinstance(member, DraftTree) and member.planner.cost is CPU and member.planner.max_nodes == 6
+    assert auto.name == "lookup+draft"  # the per-source statistics keep calling the draft model's drafts `draft`
     chain = make_drafter("auto", target).members()[-1]  # no curve (a caller that measured none): chains
     assert type(chain) is DraftModel
 
@@ -148,7 +150,7 @@ def test_auto_picks_a_chain_or_a_tree_as_the_cost_curve_says_and_stays_plain_gre
         prompt = tok.encode(text)
         out = session.generate(prompt, GenerationConfig(max_new_tokens=20, sampling=SamplingConfig(temperature=0)))
         assert out.tokens == greedy_reference(target, prompt, 20, {tok.eos_token_id})
-        branched, drafted = branched + out.stats.tree_passes, drafted + out.stats.drafted_by.get("draft-tree", 0)
+        branched, drafted = branched + out.stats.tree_passes, drafted + out.stats.drafted_by.get("draft", 0)
     assert drafted > 0 and plans
     if curve is BIG_STEEP:
         assert branched == 0 and all(p.is_chain for p in plans if len(p))
