@@ -24,7 +24,7 @@ def _finetune_args(args, **overrides) -> Namespace:
     register_finetune(parser.add_subparsers())
     ft_args = parser.parse_args(["finetune", args.finetune, "--target", args.target, "--draft", args.draft,
                                  "--dtype", args.dtype, "--max-minutes", str(args.max_minutes),
-                                 "--draft-quant", args.draft_quant])
+                                 "--draft-quant", args.draft_quant, "--device", getattr(args, "device", "auto")])
     for key, value in overrides.items():
         setattr(ft_args, key, value)
     return ft_args

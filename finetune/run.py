@@ -61,14 +61,16 @@ def train_config(args, objective: str | None = None) -> TrainConfig:
 
 
 def finetune_repo(args, report=print, on_step=None) -> dict:
+    from specdec.hardware import torch_device
     from specdec.models.loading import load
 
     config = train_config(args)
+    device = torch_device(getattr(args, "device", None))  # a GPU this machine lacks fails here, before loading
     sampling = SamplingConfig(temperature=args.eval_temperature, seed=args.seed)  # bad input fails before loading
     root, selection, split = split_repo(args.repo, args.holdout, args.seed, show=print_selection)
     key, remote, commit = repo_identity(root)
-    target = load(args.target, args.dtype)
-    draft = load(args.draft, "fp32")
+    target = load(args.target, args.dtype, device)
+    draft = load(args.draft, "fp32", device)
     from specdec.models.loading import check_same_tokenizer
 
     check_same_tokenizer(target.tokenizer, draft.tokenizer, args.target, args.draft)
@@ -86,7 +88,8 @@ def finetune_repo(args, report=print, on_step=None) -> dict:
            f"tokens/pass {before['total']['tokens_per_pass']:.2f}")
     workdir = data_dir() / "runs" / key
     model, result = train(draft.model, target.model if config.objective != "lm" else None, tokenizer, samples,
-                          config, workdir, progress=not (args.quiet or args.progress_json), on_step=on_step)
+                          config, workdir, progress=not (args.quiet or args.progress_json), on_step=on_step,
+                          device=device)
     after = measure(target.model, as_served(model, config.quant), tokenizer, holes, args.eval_tokens, sampling=sampling)
     gain = after["total"]["acceptance_rate"] - before["total"]["acceptance_rate"]
     report(f"after:  acceptance {after['total']['acceptance_rate']:.3f} ({gain:+.3f}), "
@@ -135,6 +138,7 @@ def cmd_finetune(args) -> int:
 def register(sub) -> None:
     from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
     from specdec.models.choices import DRAFT_QUANT, DTYPES
+    from specdec.models.commands import add_device_arg
 
     p = sub.add_parser("finetune", help="train a LoRA adapter for the draft on a repository's own code")
     p.add_argument("repo", help="repository root")
@@ -157,8 +161,10 @@ def register(sub) -> None:
     p.add_argument("--eval-temperature", type=float, default=0.0,
                    help="measure acceptance at this sampling temperature (seeded; default 0: greedy, as completions)")
     p.add_argument("--seed", type=int, default=0)
+    add_device_arg(p)
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                   help="training precision (auto: bf16 where the hardware runs it natively)")
+                   help="training precision (auto: bf16 where the hardware runs it natively; on CUDA the frozen "
+                        "base is held in bf16 too, and the draft is trained unquantized, as a GPU serves it)")
     p.add_argument("--vocab", choices=("full", "repo"), default="full",
                    help="compute the losses over the full vocabulary or only the repository's tokens (faster "
                         "steps; measured the same acceptance gain after 30 minutes)")

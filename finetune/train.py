@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.hardware import native_bf16
 from specdec.models.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
 from specdec.models.choices import DRAFT_QUANT
 from specdec.models.quantize import swap_int8
+from specdec_finetune.precision import train_precision
 
 OBJECTIVES = ("distill", "lm", "mixed", "argmax", "tvd")
 
@@ -177,15 +177,6 @@ def loss_fn(draft_logits, labels, mask, target_logits, objective: str) -> torch.
     return sum(losses) / len(losses)
 
 
-def _mixed_precision(choice: str) -> str:
-    if choice == "fp32":
-        return "no"
-    if choice == "bf16":
-        return "bf16"
-    # GPUs and CPUs with AVX512-BF16/AMX run bf16 matmuls natively: about twice the fp32 speed
-    return "bf16" if native_bf16("cuda" if torch.cuda.is_available() else "cpu") else "no"
-
-
 def _bf16_exact(model) -> bool:
     """Whether casting the weights to bf16 and back loses nothing (true for the cached bf16 models)."""
     return all(p.dtype == torch.bfloat16 or torch.equal(p, p.to(torch.bfloat16).to(p.dtype))
@@ -224,8 +215,10 @@ def load_checkpoint_state(workdir: Path, config: TrainConfig) -> dict | None:
 
 
 def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfig, workdir: Path,
-          progress: bool = True, on_step=None) -> tuple[object, TrainResult]:
-    """Returns (peft model with the adapter, result). `target` may be None for the `lm` objective."""
+          progress: bool = True, on_step=None, device: str | None = None) -> tuple[object, TrainResult]:
+    """Returns (peft model with the adapter, result). `target` may be None for the `lm` objective.
+    device: where to train (None: CUDA if there is one, else the CPU); it decides the precision
+    (precision.train_precision)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -236,17 +229,21 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
     if config.objective != "lm" and target is None:
         raise SpecdecError(f"objective {config.objective} needs the target model")
     torch.manual_seed(config.seed)
-    mixed_precision = _mixed_precision(config.precision)
+    plan = train_precision(device or ("cuda" if torch.cuda.is_available() else "cpu"), config.precision, config.quant)
     AcceleratorState._reset_state()  # accelerate keeps one precision per process; each training chooses its own
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision)
+    accelerator = Accelerator(cpu=not plan.on_cuda, mixed_precision=plan.mixed_precision)
     if accelerator.num_processes > 1:
         # The step calls the unwrapped model (output_logits needs its decoder and head), which a
         # DistributedDataParallel wrapper would not synchronise: refuse rather than train wrongly.
         raise SpecdecError("specdec finetune trains on one device; run it without `accelerate launch`")
     base_dtype = next(draft.parameters()).dtype
-    held_in_bf16 = mixed_precision == "bf16" and base_dtype != torch.bfloat16 and _bf16_exact(draft)
-    if held_in_bf16:
-        draft.to(torch.bfloat16)  # frozen weights in bf16: no per-step casts; LoRA weights stay fp32 (peft)
+    held = plan.base_dtype is not None and base_dtype != plan.base_dtype
+    exact = held and _bf16_exact(draft)
+    held = held and (exact or not plan.exact_only)
+    # an inexact round trip (CUDA only): the caller's weights are kept aside and put back as they were
+    kept = [(p, p.detach().to("cpu", copy=True)) for p in draft.parameters()] if held and not exact else []
+    if held:
+        draft.to(plan.base_dtype)  # frozen weights in bf16: no per-step casts
     state = load_checkpoint_state(workdir, config)
     if state:
         model = PeftModel.from_pretrained(draft, workdir / "checkpoint", is_trainable=True)
@@ -256,7 +253,10 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         model = get_peft_model(draft, LoraConfig(r=config.rank, lora_alpha=config.alpha,
                                                  lora_dropout=config.dropout, layers_to_transform=top and list(top),
                                                  target_modules=list(config.target_modules), task_type="CAUSAL_LM"))
-    swapped = swap_int8(model, config.quant) if config.quant != "none" else []
+    for param in model.parameters():
+        if param.requires_grad:  # the adapter: fp32 whatever the base (peft's default too, made explicit)
+            param.data = param.data.to(plan.lora_dtype)
+    swapped = swap_int8(model, plan.quant) if plan.quant != "none" else []
     vocab = None
     if config.vocab == "repo":
         size = draft.get_output_embeddings().weight.shape[0]
@@ -333,8 +333,10 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
     finally:
         for parent, name, original in swapped:  # the caller's draft as it was: the adapter merges into these
             setattr(parent, name, original)
-        if held_in_bf16:
-            model.to(base_dtype)  # the caller's draft as it was (bf16 round trip is exact, see _bf16_exact)
+        if held:
+            model.to(base_dtype)  # the caller's draft as it was (exact, see _bf16_exact, or put back from `kept`)
+            for param, original in kept:
+                param.data.copy_(original)
     bar.close()
     checkpoint()
     model.eval()

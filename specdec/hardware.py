@@ -1,4 +1,5 @@
-"""Which float type this machine computes fastest in: bf16 only where the hardware has it.
+"""Which device runs the models (`--device`), and which float type it computes fastest in: bf16 only
+where the hardware has it.
 
 CUDA GPUs and CPUs with AVX512-BF16 or AMX run bf16 matmuls natively. On CPUs without them
 (AVX2-only machines: most laptops and many cloud cores) PyTorch emulates bf16, and a
@@ -44,3 +45,29 @@ def torch_dtype(name: str, device: str = "cpu"):
         return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
     except KeyError:
         raise SpecdecError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
+
+
+DEVICES = ("auto", "cpu", "cuda")  # and cuda:N; auto: CUDA where there is a GPU, else the CPU
+
+
+def is_device(value: str) -> bool:
+    """Whether value names a device we run on (checked without torch: the CLI validates before loading)."""
+    return value in DEVICES or (value.startswith("cuda:") and value[5:].isdigit())
+
+
+def torch_device(value: str | None = None) -> str:
+    """The device a `--device` value means here (None or auto: CUDA if there is one, else the CPU). A CUDA
+    device this machine lacks is refused in one line, not by torch's assertion mid-load."""
+    import torch
+
+    if value is None or value == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not is_device(value):
+        raise SpecdecError(f"unknown device {value!r}; use one of {', '.join(DEVICES)} or cuda:N")
+    if value.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(value[5:]) if ":" in value else 0
+        if index >= count:
+            raise SpecdecError(f"device {value}: this machine has {count} CUDA device(s) "
+                               f"(torch {torch.__version__}, built with CUDA {torch.version.cuda or 'none'})")
+    return value

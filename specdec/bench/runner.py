@@ -98,7 +98,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     holes = load_workload(languages, args.holes or 2, sources)
     needs_draft = any(s == "hf-assisted" or needs_draft_model(s) for s in strategies)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     adapter=args.adapter, target_quant=args.target_quant)
+                     device=args.device, adapter=args.adapter, target_quant=args.target_quant)
     target, tokenizer = pair.target.model, pair.target.tokenizer
     draft = pair.draft.model if pair.draft else None
     completer = Completer.for_session(Session(target, tokenizer), max_prefix_tokens=args.max_prefix_tokens,

@@ -5,8 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 
+from specdec.hardware import DEVICES, is_device
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
 from specdec.models.choices import DRAFT_QUANT, DTYPES, TARGET_QUANT
+
+
+def device_arg(value: str) -> str:
+    """argparse type of `--device`: refused in argparse's one line before anything loads."""
+    if not is_device(value):
+        raise argparse.ArgumentTypeError(f"{value!r}: use one of {', '.join(DEVICES)} or cuda:N")
+    return value
+
+
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", type=device_arg, default="auto",
+                   help="where the models run: auto (CUDA if there is a GPU, else the CPU), cpu, cuda or cuda:N")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -21,6 +34,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="target weights on CPU: int4 = the GGUF's own Q4_K codes (group 32; the rest int8 per "
                         "channel), int8 = every Linear int8 per channel, none = dequantized floats (default)")
     p.add_argument("--adapter", help="a LoRA adapter directory for the draft")
+    add_device_arg(p)
 
 
 def cmd_models(args) -> int:

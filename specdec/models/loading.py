@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecdecError
-from specdec.hardware import torch_dtype
+from specdec.hardware import torch_device, torch_dtype
 from specdec.models.choices import KEPT_FP32
 from specdec.models.lora import apply_adapter
 from specdec.models.quantize import quantize_draft, quantize_target
@@ -39,11 +39,11 @@ class LoadedModel:
 
 
 def load(spec: str, dtype: str = "auto", device: str | None = None) -> LoadedModel:
-    import torch
+    """device: a `--device` value (None or auto: CUDA if there is one, else the CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve(spec)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch_device(device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype, device)).to(device)
