@@ -131,3 +131,25 @@ def test_bad_generation_arguments_refused_before_loading(capsys, source, monkeyp
 def test_directory_is_not_a_missing_file(capsys, tmp_path):
     code, _, err = run(capsys, "complete", tmp_path, "--line", 1, "--col", 1)
     assert code == 2 and "is a directory" in err and err.count("\n") == 1
+
+
+def test_device_flag(capsys, models, source, tmp_path):
+    """`--device` is accepted by every command that runs the engine; a GPU this machine lacks is one line, a
+    misspelt device is argparse's refusal, and `--device cpu` runs."""
+    import torch
+
+    target, draft = models
+    lib = tmp_path / "lib.py"
+    lib.write_text("".join(f"def scaled_{i}(value):\n    return value * {i} + offset\n\n" for i in range(30)))
+    common = ["--line", 2, "--col", 12, "--target", target, "--draft", draft, "--max-new-tokens", 4, "--dtype",
+              "fp32", "--json"]
+    code, out, err = run(capsys, "complete", source, *common, "--device", "cpu")
+    assert code == 0 and json.loads(out)["stats"]["new_tokens"] >= 1, err
+    if not torch.cuda.is_available():
+        for command in (["complete", source, *common], ["bench", "--target", target, "--files", lib, "--holes", 1]):
+            code, out, err = run(capsys, *command, "--device", "cuda")
+            assert code == 2 and "device cuda: this machine has 0 CUDA device(s)" in err and err.count("\n") == 1
+    for command in (["complete", source, "--line", 1, "--col", 1], ["bench"], ["finetune", source.parent]):
+        with pytest.raises(SystemExit) as exit:
+            run(capsys, *command, "--device", "gpu")
+        assert exit.value.code == 2 and "argument --device: 'gpu': use one of auto, cpu, cuda" in capsys.readouterr().err
