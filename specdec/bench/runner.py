@@ -140,21 +140,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
                            acceptance_rate=result.accepted / result.drafted if result.drafted else 0.0,
                            prefill_computed=result.prompt_tokens, prefill_seconds=result.prompt_ms / 1000)
             else:
-                session.drafter, session.strategy = drafters[strategy], strategy
-                if args.cold:
-                    session.reset()
-                else:  # the previous keystroke's request, untimed, leaves the caches as a server would
-                    session.generate(previous, GenerationConfig(max_new_tokens=1))
-                result = session.generate(prompt, config)
-                tokens, s = result.tokens, result.stats
-                row.update(seconds=s.seconds, new_tokens=len(tokens), mode="cold" if args.cold else "warm",
-                           produced=s.produced, target_passes=s.target_passes, drafted=s.drafted,
-                           accepted=s.accepted,
-                           acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass,
-                           prefill_reused=s.prefill_reused, prefill_computed=s.prefill_computed,
-                           prefill_seconds=s.prefill_seconds, draft_seconds=s.draft_seconds,
-                           verify_seconds=s.verify_seconds, drafted_by=s.drafted_by, accepted_by=s.accepted_by,
-                           drafted_depth=s.drafted_depth, tree_passes=s.tree_passes)
+                tokens = run_ours(session, drafters[strategy], strategy, prompt, previous, config, args.cold, row)
             if reference is None:
                 reference = tokens
             row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
@@ -187,6 +173,29 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     }, indent=2))
     print(f"\nwrote {out}; peak RSS {peak_rss_mb():.0f} MB")
     return 0
+
+
+def run_ours(session, drafter, strategy: str, prompt: list[int], previous: list[int], config, cold: bool,
+             row: dict) -> list[int]:
+    """One request as the language server runs it (after the previous keystroke's, unless cold): its tokens; its
+    time and speculation counters go into `row`."""
+    from specdec.engine.session import GenerationConfig
+
+    session.drafter, session.strategy = drafter, strategy
+    if cold:
+        session.reset()
+    else:  # the previous keystroke's request, untimed, leaves the caches as a server would
+        session.generate(previous, GenerationConfig(max_new_tokens=1))
+    result = session.generate(prompt, config)
+    tokens, s = result.tokens, result.stats
+    row.update(seconds=s.seconds, new_tokens=len(tokens), mode="cold" if cold else "warm",
+               produced=s.produced, target_passes=s.target_passes, drafted=s.drafted, accepted=s.accepted,
+               acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass,
+               prefill_reused=s.prefill_reused, prefill_computed=s.prefill_computed,
+               prefill_seconds=s.prefill_seconds, draft_seconds=s.draft_seconds,
+               verify_seconds=s.verify_seconds, drafted_by=s.drafted_by, accepted_by=s.accepted_by,
+               drafted_depth=s.drafted_depth, tree_passes=s.tree_passes)
+    return tokens
 
 
 def summarize(rows: list[dict], strategies: list[str]) -> dict:

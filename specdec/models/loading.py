@@ -86,9 +86,16 @@ def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", dra
     quantize_target(target, target_quant, dtype)
     if not draft_spec:
         return ModelPair(target, None, target_quant)
+    return ModelPair(target, load_draft(draft_spec, target, dtype, draft_quant, device, adapter), target_quant)
+
+
+def load_draft(draft_spec: str, target: LoadedModel, dtype: str = "auto", draft_quant: str = "int8",
+               device: str | None = None, adapter: str | None = None) -> LoadedModel:
+    """The draft as the engine runs it beside `target`: checked against its tokenizer, the adapter folded in,
+    then quantized (a benchmark loads several of these beside one target)."""
     draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
-    check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, target.spec, draft_spec)
     if adapter:
         draft.model = apply_adapter(draft.model, adapter)
     draft.model = quantize_draft(draft.model, draft_quant)
-    return ModelPair(target, draft, target_quant)
+    return draft
