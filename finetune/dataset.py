@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.repository.files import FileSelection, split_heldout
+from specdec.repository.files import HOLDOUT, FileSelection, split_heldout
 from specdec.prompts import fim
 from specdec.prompts.languages import EXTENSIONS, parser_for
 
@@ -41,7 +41,7 @@ class Split:
         return {"train": count(self.train), "heldout": count(self.heldout)}
 
 
-def split_files(selection: FileSelection, holdout: float = 0.1, seed: int = 0) -> Split:
+def split_files(selection: FileSelection, holdout: float = HOLDOUT, seed: int = 0) -> Split:
     def read(rel: Path) -> SourceText:
         return SourceText(rel.as_posix(), EXTENSIONS.get(rel.suffix.lower(), "plaintext"),
                           (selection.root / rel).read_text(encoding="utf-8", errors="replace"))

@@ -72,20 +72,6 @@ def parse_packages(values: list[str]) -> list[str]:
     return list(dict.fromkeys(p.strip() for v in values for p in v.split(",") if p.strip()))
 
 
-def package_root(spec: str) -> Path:
-    """A local folder as it is, or a pinned PyPI package's unpacked sdist (cached)."""
-    from specdec.bench.workload import PINNED, fetch_sdist
-    from specdec.paths import cache_dir
-
-    local = Path(spec).expanduser()
-    if local.is_dir():
-        return local.resolve()
-    if not PINNED.match(spec):
-        raise SpecdecError(f"--repo {spec!r}: not a folder, and not a package pinned as name==version")
-    root = cache_dir() / "repo-bench"
-    return fetch_sdist(spec, root / "packages", root / "archives")
-
-
 # -- the held-out replay: what online adaptation may train on -------------------------------------------------
 def hole_lines(hole) -> range:
     """Indexes of the lines a hole touches (it runs from its cursor to the end of a line)."""
@@ -263,6 +249,7 @@ def print_table(name: str, result: dict) -> None:
 
 def bench_package(spec: str, args, configs: list[Config], models: dict, report=print) -> dict:
     from specdec.bench.runner import peak_rss_mb, run_ours
+    from specdec.bench.workload import repo_root
     from specdec.engine.drafters.repo_index import RepoIndex
     from specdec.engine.session import GenerationConfig
     from specdec.engine.strategies import make_drafter, repo_drafters
@@ -273,7 +260,7 @@ def bench_package(spec: str, args, configs: list[Config], models: dict, report=p
     from specdec_finetune.evaluate import holes_for
     from specdec_finetune.run import split_repo, train_config
 
-    root = package_root(spec)
+    root = repo_root(spec)
     ft_args = _finetune_args(args, repo=root, max_steps=args.repo_steps)
     _, selection, split = split_repo(str(root), ft_args.holdout, ft_args.seed)
     holes = holes_for(split.heldout, args.holes or 2, ft_args.seed)

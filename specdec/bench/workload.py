@@ -115,6 +115,17 @@ def fetch_sdist(package: str, workspace: Path, archives: Path) -> Path:
     return top
 
 
+def repo_root(spec: str) -> Path:
+    """`--repo`'s value as a folder: a local folder as it is, or a pinned PyPI package's unpacked sdist (cached)."""
+    local = Path(spec).expanduser()
+    if local.is_dir():
+        return local.resolve()
+    if not PINNED.match(spec):
+        raise SpecdecError(f"--repo {spec!r}: not a folder, and not a package pinned as name==version")
+    root = cache_dir() / "repo-bench"
+    return fetch_sdist(spec, root / "packages", root / "archives")
+
+
 def _extract(archive: Path, member: str) -> bytes:
     if archive.suffix == ".deb":
         data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(archive)], capture_output=True, check=True).stdout

@@ -33,6 +33,7 @@ from pathlib import Path
 from specdec.prompts.languages import EXTENSIONS
 
 MAX_BYTES = 512 * 1024
+HOLDOUT = 0.1  # share of a repository's files held out of fine-tuning and indexing, to measure on
 SECRET_NAMES = (".env", ".env.*", "*.env", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "id_rsa*",
                 "id_dsa*", "id_ecdsa*", "id_ed25519*", "credentials", "credentials.*", "*.credentials",
                 ".netrc", ".npmrc", ".pypirc", ".git-credentials", "secrets.*", "*secret*.json", "*.kdbx",
@@ -86,7 +87,7 @@ class FileSelection:
         return counts
 
 
-def split_heldout(files: list[Path], holdout: float = 0.1, seed: int = 0) -> tuple[list[Path], list[Path]]:
+def split_heldout(files: list[Path], holdout: float = HOLDOUT, seed: int = 0) -> tuple[list[Path], list[Path]]:
     """(train, held out): a seeded share of the files, by file, held out of training and indexing. The one split
     the fine-tune, the repository benchmark and the editor replay share, so all hold out the same files."""
     order = sorted(files, key=lambda rel: Path(rel).as_posix())

@@ -27,3 +27,31 @@ def test_editor_bench_replays_typing_and_reports(tmp_path, monkeypatch, capsys):
     assert summary["served"] + summary["empty"] + summary["cancelled"] == summary["sent"]
     assert report["requests"], "the server recorded per-request metrics"
     assert "hit p50" in capsys.readouterr().out
+
+
+def test_editor_bench_in_a_repository_replays_without_and_with_its_index(tmp_path, monkeypatch, capsys):
+    from repos import make_repo
+    from specdec.repository.files import select, split_heldout
+
+    target = tiny.save(tmp_path, seed=1, name="target")
+    draft = tiny.save(tmp_path, seed=2, name="draft", layers=1, hidden=32)
+    repo = make_repo(tmp_path / "repo", files=10, git=False)
+    train, heldout = split_heldout(select(repo).files)
+    monkeypatch.setattr(editor_bench, "keystroke_delays", lambda typed, seed: [0.05] * len(typed))
+    out = tmp_path / "editor.json"
+    args = SimpleNamespace(languages="", sessions=1, target=str(target), draft=str(draft), dtype="fp32",
+                           draft_quant="int8", max_new_tokens=8, max_draft=4, output=str(out), repo=[str(repo)])
+    assert editor_bench.run(args) == 0
+    report = json.loads(out.read_text())
+    assert list(report["runs"]) == ["no index", "index"]
+    typed = report["sessions"][0]["typed"]
+    assert report["sessions"][0]["file"].endswith(heldout[0].as_posix())
+    for label, summary in report["runs"].items():
+        assert summary["(all)"]["sent"] == len(typed), label
+        assert summary["(all)"]["served"] + summary["(all)"]["empty"] + summary["(all)"]["cancelled"] == len(typed)
+    assert report["repo_index"]["no index"] == {"state": "off"}
+    index = report["repo_index"]["index"]
+    assert index["state"] == "ready" and index["files"] == len(train)  # the other files; the typed one is new
+    assert report["repo"]["heldout_files"] == [rel.as_posix() for rel in heldout]
+    printed = capsys.readouterr().out
+    assert "no index:" in printed and "\nindex:" in printed
