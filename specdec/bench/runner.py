@@ -87,6 +87,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     from specdec.bench.workload import SOURCES, load_workload, local_sources
     from specdec.prompts.completion import Completer
     from specdec.engine.session import GenerationConfig, Session
+    from specdec.models.int4 import int4_kernel_in_use
     from specdec.models.loading import load_pair
     from specdec.engine.strategies import make_drafter, needs_draft_model
 
@@ -95,8 +96,9 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     holes = load_workload(languages, args.holes or 2, sources)
     needs_draft = any(s == "hf-assisted" or needs_draft_model(s) for s in strategies)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     adapter=args.adapter, target_quant=args.target_quant)
+                     adapter=args.adapter, target_quant=args.target_quant, int4_kernel=args.int4_kernel)
     target, tokenizer = pair.target.model, pair.target.tokenizer
+    int4_kernel = int4_kernel_in_use(target)  # what --int4-kernel resolved to ("" without int4 layers)
     draft = pair.draft.model if pair.draft else None
     completer = Completer.for_session(Session(target, tokenizer), max_prefix_tokens=args.max_prefix_tokens,
                                       max_suffix_tokens=args.max_suffix_tokens)
@@ -110,7 +112,8 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     rows = []
     target_dtype = str(target.dtype).removeprefix("torch.")  # what `--dtype auto` resolved to
     print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({target_dtype}), "
-          f"target quant {args.target_quant}, draft {args.draft if needs_draft else '-'} ({args.draft_quant})",
+          f"target quant {args.target_quant}{f' ({int4_kernel} kernel)' if int4_kernel else ''}, "
+          f"draft {args.draft if needs_draft else '-'} ({args.draft_quant})",
           flush=True)
     for hole in holes:
         prompt = completer.prompt(hole.prefix, hole.suffix).ids
@@ -164,6 +167,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
         "config": {k: v for k, v in vars(args).items() if k not in ("func", "bench_runners")},
         "target_dtype": target_dtype,
         "target_quant": args.target_quant,
+        "int4_kernel": int4_kernel,
         "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,
                      "license": s.license, "project": s.project} for s in sources],
         "peak_rss_mb": round(peak_rss_mb()),
