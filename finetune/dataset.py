@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec_finetune.files import FileSelection
+from specdec.repository.files import FileSelection
 from specdec.prompts import fim
 from specdec.prompts.languages import EXTENSIONS, parser_for
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from specdec_adapters.registry import AdapterMeta, Registry, repo_identity
 from specdec_finetune.dataset import SampleBuilder, split_files
 from specdec_finetune.evaluate import as_served, holes_for, measure
-from specdec_finetune.files import select
+from specdec.repository.files import select
 from specdec_finetune.train import OBJECTIVES, TrainConfig, discard_checkpoint, train
 from specdec.prompts import fim
 from specdec.errors import SpecdecError

@@ -1,7 +1,7 @@
 """Per-language (and per-workspace) acceptance metrics, persisted as JSON lines.
 
 Every served request appends one record to `<state dir>/metrics.jsonl`; suggestions the
-user accepts append an `accepted` event. `specdec stats` and the `specdec/stats` request
+user accepts append an `accepted` event, and each online adaptation refresh an `online` one. `specdec stats` and the `specdec/stats` request
 aggregate the same records, so the editor and the command line always agree.
 """
 
@@ -41,6 +41,8 @@ class RequestRecord:
     by_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
+ONLINE_NUMBERS = ("steps", "seconds", "cpu_seconds", "heldout", "accepted_samples", "edited_samples")
+ONLINE_KEPT = 50  # the newest online refresh records specdec/stats reports
 _NUMBERS = ("time", "latency_ms", "drafted", "accepted", "target_passes", "decode_seconds", "prefill_reused",
             "prefill_computed", "new_tokens")
 
@@ -56,6 +58,10 @@ def usable(row) -> bool:
         return False
     if row.get("kind") == "accepted":
         return True
+    if row.get("kind") == "online":  # an online adaptation refresh (lsp_server/online.py)
+        rates = (row.get("acceptance_before"), row.get("acceptance_after"))
+        return isinstance(row.get("kept"), bool) and all(isinstance(row.get(f), (int, float)) for f in ONLINE_NUMBERS) \
+            and all(r is None or isinstance(r, (int, float)) for r in rates)
     if row.get("kind") != "request" or not isinstance(row.get("source"), str) or "shown" not in row:
         return False
     return all(isinstance(row.get(f), (int, float)) for f in _NUMBERS) and \
@@ -139,7 +145,8 @@ def timeline(records: list[dict], window: int = 20, points: int = 60) -> dict[st
 
 
 def summarize(records: list[dict]) -> dict:
-    """Totals, per language, per workspace, per (workspace, adapter version), and per drafter source.
+    """Totals, per language, per workspace, per (workspace, adapter version), per drafter source, and the
+    online adaptation refreshes (newest last).
 
     Workspaces and adapters are lists of records rather than objects keyed by path, which
     some JSON-RPC clients cannot represent.
@@ -147,6 +154,8 @@ def summarize(records: list[dict]) -> dict:
 
     skipped = sum(1 for r in records if not usable(r))
     records = [r for r in records if usable(r)] if skipped else records
+    refreshes = [r for r in records if r.get("kind") == "online"]
+    records = [r for r in records if r.get("kind") != "online"] if refreshes else records
 
     def group(*fields: str) -> dict[tuple, dict]:
         groups: dict[tuple, list[dict]] = {}
@@ -165,6 +174,7 @@ def summarize(records: list[dict]) -> dict:
         "skipped_records": skipped,
         "sources": sources,
         "skipped_source_entries": skipped_sources,
+        "online": refreshes[-ONLINE_KEPT:],
     }
 
 
@@ -263,6 +273,8 @@ class PrometheusExporter:
         self.passes_by_source = Counter("specdec_target_passes_by_source",
                                         "target passes that verified a draft, per drafter source", by_source,
                                         registry=self.registry)
+        self.online_refreshes = Counter("specdec_online_refreshes", "online adaptation refreshes, by outcome",
+                                        ["outcome"], registry=self.registry)
         self.latency = Histogram("specdec_latency_seconds", "time to suggestion", labels, registry=self.registry,
                                  buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
         start_http_server(port, addr=host, registry=self.registry)
@@ -271,6 +283,10 @@ class PrometheusExporter:
         lang = row.get("language", "")
         if row.get("kind") == "accepted":
             self.suggestions_accepted.labels(lang).inc()
+            return
+        if row.get("kind") == "online":
+            outcome = "failed" if row.get("error") else "kept" if row.get("kept") else "discarded"
+            self.online_refreshes.labels(outcome).inc()
             return
         self.requests.labels(lang, row["source"]).inc()
         self.drafted.labels(lang).inc(row["drafted"])

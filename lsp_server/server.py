@@ -116,6 +116,8 @@ class SpecdecServer(LanguageServer):
         self.host.on_warning = lambda message: self.loop and self.loop.call_soon_threadsafe(  # once per adapter
             self.window_show_message, types.ShowMessageParams(types.MessageType.Warning, f"specdec: {message}"))
         self.service = CompletionService(self.host, self.metrics, self.settings)
+        self.service.on_accept = self._index_accepted
+        self.indexer = None  # specdec.repository.indexer.WorkspaceIndexer while the repository index is on
         self.workspace_roots: list[str] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self._load_generation = 0
@@ -146,6 +148,42 @@ class SpecdecServer(LanguageServer):
             commit()
         elif reload:
             self.start_loading()
+        self.sync_index()
+
+    # -- the repository index -----------------------------------------------------------------------------
+    def sync_index(self) -> None:
+        """Start, resize or stop the background indexer as the settings say: on while a strategy reads it."""
+        index = self.host.index_for(self.settings)
+        if index is None:
+            if self.indexer is not None:  # its thread empties the index as it ends; a later start makes a new one
+                self.indexer.stop(timeout=0, clear=True)
+                self.indexer, self.host.repo_index = None, None
+            return
+        if self.indexer is None:
+            from specdec.repository.indexer import WorkspaceIndexer
+
+            self.indexer = WorkspaceIndexer(index, idle=self.host.idle)
+            for root in self.workspace_roots:
+                self.indexer.open_root(root)
+            if self.host.ready:
+                self.indexer.set_tokenizer(self.host.completer.session.tokenizer)
+        if self.settings.repo_index_max_tokens != index.max_tokens:
+            self.indexer.set_max_tokens(self.settings.repo_index_max_tokens)
+
+    def _index_accepted(self, suggestion) -> None:
+        if self.indexer is not None:
+            self.indexer.accepted(suggestion.context, suggestion.text)
+
+    def index_document(self, uri: str, closed: bool = False) -> None:
+        """didChange/didSave: the buffer is re-indexed (debounced, in the background); didClose: the disk's text."""
+        if self.indexer is None or urlparse(uri).scheme not in ("file", ""):
+            return
+        if closed:
+            self.indexer.revert(uri_path(uri))
+            return
+        document = self.workspace.text_documents.get(uri) or self.workspace.text_documents.get(unquote(uri))
+        if document is not None:
+            self.indexer.update(uri_path(uri), document.source)
 
     def _start_prometheus(self, new: Settings) -> None:
         """Start the endpoint a new prometheusPort asks for; SettingsError if it cannot be started."""
@@ -200,6 +238,8 @@ class SpecdecServer(LanguageServer):
             return
         log.info(message)
         self._loading_settings = None
+        if self.host.ready and self.indexer is not None:  # indexing waited for the models' tokenizer
+            self.indexer.set_tokenizer(self.host.completer.session.tokenizer)
         if not self.host.ready:
             self.window_show_message(types.ShowMessageParams(types.MessageType.Error, f"specdec: {message}"))
             return
@@ -280,6 +320,10 @@ class SpecdecServer(LanguageServer):
         request = CompletionRequest(uri, language, workspace, prefix, suffix, invoked,
                                     path=str(Path(path).relative_to(workspace)) if workspace else Path(path).name)
         request.context = self.snippets(uri, language)
+        if self.indexer is not None:
+            from specdec.repository.build import document_key
+
+            request.document = document_key(path)
         return request
 
     def snippets(self, uri: str, language: str) -> str:
@@ -310,6 +354,7 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
         if not folders and params.root_uri:
             ls.workspace_roots = [uri_path(params.root_uri)]
         ls.apply_settings(params.initialization_options)
+        ls.sync_index()  # the repository index builds in the background (even if the options were refused)
 
     @server.feature(types.INITIALIZED)
     def initialized(ls: SpecdecServer, params: types.InitializedParams):
@@ -324,6 +369,19 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
         removed = {uri_path(f.uri) for f in params.event.removed}
         ls.workspace_roots = [r for r in ls.workspace_roots if r not in removed]
         ls.workspace_roots += [uri_path(f.uri) for f in params.event.added]
+        if ls.indexer is not None:
+            for root in removed:
+                ls.indexer.close_root(root)
+            for folder in params.event.added:
+                ls.indexer.open_root(uri_path(folder.uri))
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: SpecdecServer, params: types.DidChangeTextDocumentParams):
+        ls.index_document(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(ls: SpecdecServer, params: types.DidSaveTextDocumentParams):
+        ls.index_document(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: SpecdecServer, params: types.InlineCompletionParams):
@@ -337,6 +395,7 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: SpecdecServer, params: types.DidCloseTextDocumentParams):
         ls.service.forget(params.text_document.uri)
+        ls.index_document(params.text_document.uri, closed=True)
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION,
                     types.CompletionOptions(trigger_characters=[".", "(", " "], resolve_provider=False))
@@ -380,6 +439,8 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
         return {"model": {"state": ls.host.state, "error": ls.host.error, "target": ls.settings.target,
                           "draft": ls.settings.draft, "strategy": ls.settings.strategy, "adapter": ls.host.adapter,
                           "adapter_error": ls.host.adapter_error, "progress": ls.host.progress},
-                "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune, **ls.metrics.summary()}
+                "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune,
+                "repo_index": ls.indexer.stats() if ls.indexer is not None else {"state": "off"},
+                "online_adaptation": ls.service.online.status(), **ls.metrics.summary()}
 
     return server

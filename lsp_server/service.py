@@ -23,15 +23,17 @@ from typing import Callable
 
 from lsp_server import source_metrics, syntax
 from lsp_server.metrics import MetricsStore, RequestRecord
+from lsp_server.online import OnlineAdaptation
 from lsp_server.settings import Settings, SettingsError
 from specdec.errors import SpecdecError
-from specdec.engine.strategies import needs_draft_model
+from specdec.engine.strategies import needs_draft_model, uses_repo_index
 
 log = logging.getLogger("specdec.server")
 
 MAX_WAITING = 2  # requests allowed to wait behind the running one; older ones are dropped
 CACHE_SIZE = 512
 MAX_DOCUMENTS = 64  # documents whose last suggestion is kept for type-ahead
+ACCEPTED_CONTEXT_CHARS = 1000  # text before a suggestion kept with it, for the repository index if it is accepted
 
 
 @dataclass
@@ -46,6 +48,7 @@ class CompletionRequest:
     context: str = ""  # snippets from other open files, already in the model's format
     received: float = field(default_factory=time.perf_counter)
     adapter: str = ""  # name@version of the workspace's draft adapter, "" for the base draft
+    document: str = ""  # the document's key in the repository index: not drafted from while it is completed
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Suggestion:
     language: str
     workspace: str
     adapter: str = ""
+    context: str = ""  # the end of the text before the cursor: an accepted suggestion is indexed with it
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,21 @@ class ModelHost:
         self.adapter_error = ""  # why the last broken adapter is not used ("name@version: reason"), for specdec/stats
         self.broken_adapters: frozenset[tuple[str, str]] = frozenset()  # (name@version, draft hash) that failed
         self.on_warning: Callable[[str], None] = lambda message: None  # shown to the user (called on the worker)
+        self.repo_index = None  # the RepoIndex the repo drafters read (made on first use; a WorkspaceIndexer fills it)
+        self._index_lock = threading.Lock()
+        self.idle = threading.Event()  # clear while a completion runs: background indexing waits for it
+        self.idle.set()
+
+    def index_for(self, settings: Settings):
+        """The repository index the drafter of these settings reads, or None (off, or a strategy without one)."""
+        if not settings.repo_index or not uses_repo_index(settings.strategy):
+            return None
+        with self._index_lock:  # the load thread and the event loop may both ask first
+            if self.repo_index is None:
+                from specdec.engine.drafters.repo_index import RepoIndex
+
+                self.repo_index = RepoIndex(settings.repo_index_max_tokens)
+            return self.repo_index
 
     @property
     def ready(self) -> bool:
@@ -116,7 +135,8 @@ class ModelHost:
                 from specdec.prompts.completion import Completer
                 from specdec.models.store import ensure_local
                 from specdec.models.loading import load_pair
-                from specdec.engine.strategies import make_session
+                from specdec.engine.cost_curve import cost_curve_key
+                from specdec.engine.strategies import make_session, needs_cost_curve
 
                 needs_draft = needs_draft_model(settings.strategy) and settings.draft
                 for share, spec in ((0, settings.target), (40, settings.draft if needs_draft else "")):
@@ -136,8 +156,15 @@ class ModelHost:
 
                     switchable = SwitchableDraft(pair.draft.model, settings.draft_quant)
                     draft_model, draft_hash = switchable.model, pair.draft.weight_hash
+                from specdec.prompts import fim
+
+                markers = fim.markers(pair.target.tokenizer, fim.detect(pair.target.tokenizer,
+                                                                         settings.fim_family or None))
+                if needs_cost_curve(settings.strategy):
+                    report_and_keep("measuring the target's verify cost (once per model)", 90)
                 session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy, draft_model,
-                                       max_draft=settings.max_draft)
+                                       max_draft=settings.max_draft, repo_index=self.index_for(settings),
+                                       prompt_markers=markers, cost_key=cost_curve_key(**pair.target_identity()))
                 base_stops = session.stop_token_ids
                 completer = Completer.for_session(session, settings.fim_family or None,
                                                   max_prefix_tokens=settings.max_prefix_tokens,
@@ -174,19 +201,25 @@ class ModelHost:
             return None
         old, completer = plan.settings, plan.completer
         from specdec.prompts import fim
-        from specdec.engine.strategies import make_drafter
+        from specdec.engine.strategies import make_drafter, needs_cost_curve
 
         needs_draft = needs_draft_model(settings.strategy)
         if needs_draft and plan.draft_model is None and settings.draft:
             return None
+        if needs_cost_curve(settings.strategy) and completer.session.cost_curve is None:
+            return None  # measured at load, while nothing generates
         session = completer.session
         try:
             drafter, template, stops = plan.drafter, plan.template, plan.stops  # swaps still queued included
-            if (settings.strategy, settings.max_draft) != (old.strategy, old.max_draft):
-                drafter = make_drafter(settings.strategy, plan.draft_model, max_draft=settings.max_draft)
             if settings.fim_family != old.fim_family:  # the prompt format changes: rebuild the template and stops
                 template = fim.detect(session.tokenizer, settings.fim_family or None)
                 stops = plan.base_stops | fim.stop_token_ids(session.tokenizer, template)
+            drafting = ("strategy", "max_draft", "repo_index", "fim_family")  # the last: the repo drafter's markers
+            if any(getattr(settings, key) != getattr(old, key) for key in drafting):
+                drafter = make_drafter(settings.strategy, plan.draft_model, max_draft=settings.max_draft,
+                                       repo_index=self.index_for(settings),
+                                       prompt_markers=fim.markers(session.tokenizer, template),
+                                       cost_curve=session.cost_curve)
         except SpecdecError as exc:
             raise SettingsError(f"{exc} (with the loaded models)") from None
 
@@ -266,13 +299,27 @@ class ModelHost:
             ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
         stop = syntax.stop_predicate(ctx)
         self._use_adapter(request.workspace)
+        self._exclude_from_index(request.document)
+        self.idle.clear()
         try:
             result = self.completer.complete(request.prefix, request.suffix, config, request.path or None, stop,
                                              cancel, request.context)
         except Exception:
             self.completer.session.reset()  # a half-updated cache must not poison the next request
             raise
+        finally:
+            self.idle.set()
         return syntax.finalize(ctx, result.text, result.stop_reason), result
+
+    def _exclude_from_index(self, document: str) -> None:
+        """Worker thread: the document being completed holds the very suffix the model must not be pushed to
+        repeat (and its text before the cursor is prompt lookup's); the repo drafters read the other files."""
+        drafter = self.completer.session.drafter
+        if drafter is not None and self.repo_index is not None:
+            from specdec.engine.strategies import repo_drafters
+
+            for repo in repo_drafters(drafter):
+                repo.exclude = document or None
 
 
 class CompletionService:
@@ -292,6 +339,8 @@ class CompletionService:
         self._model_turn = asyncio.Lock()
         self._waiting: list[int] = []
         self.counters = {"cancelled": 0, "superseded": 0, "dropped": 0, "errors": 0}
+        self.on_accept: Callable[[Suggestion], None] = lambda suggestion: None  # e.g. index what the user took
+        self.online = OnlineAdaptation(host, metrics, settings)  # the draft adapter learns from accepted completions
 
     @property
     def settings(self) -> Settings:
@@ -304,6 +353,7 @@ class CompletionService:
             self.cache.clear()
             self.last.clear()
         self._settings = new
+        self.online.configure(new)
 
     def _key(self, request: CompletionRequest) -> tuple:
         """Everything a suggestion depends on: the request, and every output-affecting setting (from the schema)."""
@@ -314,6 +364,7 @@ class CompletionService:
         """didClose: a closed document's text must not stay in memory (the cache holds only bounded windows)."""
         self.last.pop(uri, None)
         self.latest.pop(uri, None)
+        self.online.forget(uri)
         token = self.running.get(uri)
         if token is not None:
             token.cancel()
@@ -347,8 +398,9 @@ class CompletionService:
         if not text:
             return None
         suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, request.language, request.workspace,
-                                request.adapter)
+                                request.adapter, request.prefix[-ACCEPTED_CONTEXT_CHARS:])
         self.shown[suggestion.id] = suggestion
+        self.online.served(suggestion, request, generation)
         while len(self.shown) > 256:
             self.shown.popitem(last=False)
         return suggestion
@@ -358,14 +410,19 @@ class CompletionService:
         if suggestion is None:
             return False
         self.metrics.accepted(suggestion.language, suggestion.workspace, suggestion.adapter)
+        self.on_accept(suggestion)
+        self.online.accepted_suggestion(suggestion_id)
         return True
 
     async def complete(self, request: CompletionRequest) -> Suggestion | None:
+        self.online.begin_request(request)  # an online refresh stops before any generation
         try:
             return await self._complete(request)
         except asyncio.CancelledError:  # $/cancelRequest, while debouncing, waiting or generating
             self.counters["cancelled"] += 1
             raise
+        finally:
+            self.online.end_request()
 
     async def _complete(self, request: CompletionRequest) -> Suggestion | None:
         settings = self.settings

@@ -16,7 +16,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompts.fim import TEMPLATES
-from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS
+from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS, REPO_INDEX_MAX_TOKENS, REPO_INDEX_TOKENS_LIMIT
 from specdec.models.choices import DRAFT_QUANT, DTYPES, INT4_KERNELS, TARGET_QUANT
 from specdec.engine.strategies import STRATEGIES
 
@@ -44,12 +44,18 @@ class Settings:
     target: str = setting(DEFAULT_TARGET, "Target model: hub id, local directory or .gguf.", reload=True)
     draft: str = setting(DEFAULT_DRAFT, "Draft model: hub id, local directory or .gguf; empty for none.",
                          reload=True)
-    strategy: str = setting("auto", "Speculation strategy: auto is prompt lookup, then the draft model.",
+    strategy: str = setting("auto", "Speculation strategy: auto is the repository index and prompt lookup, then the "
+                            "draft model.",
                             choices=STRATEGIES, choice_docs={
                                 "plain": "No drafter: one target pass per token.",
                                 "draft": "The draft model drafts (needs a draft).",
                                 "lookup": "Prompt lookup drafts: repeats of the text around the cursor.",
-                                "auto": "Prompt lookup when it finds a repeat, otherwise the draft model."})
+                                "auto": "The repository index or prompt lookup when either finds a repeat, "
+                                        "otherwise the draft model.",
+                                "repo": "The repository index drafts: what followed the text before the cursor in "
+                                        "the workspace's other files (needs repoIndex).",
+                                "tree": "The draft model drafts token trees, sized for this machine from its "
+                                        "measured verify cost (needs a draft)."})
     dtype: str = setting("auto", "Target precision: auto is bf16 where the device computes it natively "
                          "(GPUs, CPUs with AVX512-BF16 or AMX), else fp32.",
                          choices=DTYPES, reload=True)
@@ -87,6 +93,25 @@ class Settings:
                                    min=1024, max=65535, zero=True, output=False)
     adapters: bool = setting(True, "Use the workspace repository's LoRA draft adapter that `specdec finetune` "
                              "registered.", reload=True)
+    repo_index: bool = setting(True, "Index the workspace's files (the fine-tune's file filter: no secrets, "
+                               "binaries, generated or vendored files) in the background, for the auto and repo "
+                               "strategies to draft from.", output=False)
+    repo_index_max_tokens: int = setting(REPO_INDEX_MAX_TOKENS, "Token ids the repository index holds at most "
+                                         "(about 8 bytes each at rest); files beyond it are not indexed.",
+                                         min=100_000, max=REPO_INDEX_TOKENS_LIMIT, output=False)
+    online_adaptation: bool = setting(False, "Keep refreshing the workspace's draft adapter from the completions "
+                                      "you accept and the files you edit: a few LoRA steps in a lower-priority "
+                                      "child process while you are idle, stopped while a completion runs, kept "
+                                      "only if acceptance does not fall. Needs adapters and a draft model. Costs "
+                                      "about 130 CPU-seconds and 5-7 GB of memory per refresh with the default "
+                                      "models (README, Online adaptation).", output=False)
+    online_every_accepted: int = setting(20, "Accepted completions of a workspace between two online refreshes.",
+                                         min=2, max=1000, output=False)
+    online_steps: int = setting(8, "Training steps (two samples each) per online refresh.", min=1, max=200,
+                                output=False)
+    online_idle_seconds: float = setting(10.0, "Seconds without a completion request before an online refresh "
+                                         "starts, or resumes after a completion stopped it.", min=1.0, max=600.0,
+                                         output=False)
 
     def update(self, options: dict | None) -> "Settings":
         """A new Settings with the recognised keys of options applied; raises SettingsError naming every bad key."""
@@ -118,8 +143,10 @@ class Settings:
             check(f, getattr(self, f.name))
         if not self.target.strip():
             raise SettingsError("target must be a model spec (hub id, local directory or .gguf), not ''")
-        if self.strategy == "draft" and not self.draft:
-            raise SettingsError("strategy 'draft' needs a draft model: set draft, or use auto or lookup")
+        if self.strategy in ("draft", "tree") and not self.draft:
+            raise SettingsError(f"strategy {self.strategy!r} needs a draft model: set draft, or use auto or lookup")
+        if self.strategy == "repo" and not self.repo_index:
+            raise SettingsError("strategy 'repo' needs the repository index: set repoIndex, or use auto or lookup")
 
     def models_differ(self, other: "Settings") -> bool:
         return any(getattr(self, f.name) != getattr(other, f.name) for f in fields(self) if f.metadata["reload"])
@@ -152,6 +179,11 @@ def kind(f: Field) -> type:
     return type(f.default)
 
 
+def number(value: float) -> str:
+    """A bound in words: integers in full (a token cap of 256000000, not 2.56e+08), other numbers short."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
 def allowed(f: Field) -> str:
     """The allowed values of a field, in words, for error messages."""
     m = f.metadata
@@ -165,7 +197,7 @@ def allowed(f: Field) -> str:
     if t is str:
         return "a string"
     name = "an integer" if t is int else "a finite number"
-    span = f"{name} in [{m['min']:g}, {m['max']:g}]" if m["min"] is not None else name
+    span = f"{name} in [{number(m['min'])}, {number(m['max'])}]" if m["min"] is not None else name
     return f"0 or {span}" if m["zero"] else span
 
 

@@ -33,7 +33,7 @@ class StaleError(Exception):
 
 def span(row: dict) -> str:
     """Numeric bounds in words: "1–1024", "0 or 0.01–5"."""
-    text = f"{row['minimum']:g}–{row['maximum']:g}"
+    text = f"{settings.number(row['minimum'])}–{settings.number(row['maximum'])}"
     return f"0 or {text}" if row["zeroAllowed"] else text
 
 

@@ -39,3 +39,10 @@ def wheels_dir() -> Path:
     path = cache_dir() / "wheels"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def quantized_dir() -> Path:
+    """Quantized targets' packed tensors (specdec.models.int4_cache): re-creatable from their GGUF."""
+    path = cache_dir() / "quantized"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -10,6 +10,31 @@ sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+def _this_checkouts_packages() -> None:
+    """adapters/ and finetune/ install as specdec_adapters and specdec_finetune; an editable install maps those
+    names to the checkout it was made from, so the tests of a second checkout (a git worktree) would import the
+    first's. Links named after the packages, first on sys.path and on PYTHONPATH (for the child processes the
+    server starts), make both this checkout's own; where the install is this checkout they change nothing."""
+    import atexit
+    import shutil
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    links = Path(tempfile.mkdtemp(prefix="specdec-packages-"))
+    atexit.register(shutil.rmtree, links, True)
+    try:
+        for name, folder in (("specdec_adapters", "adapters"), ("specdec_finetune", "finetune")):
+            (links / name).symlink_to(root / folder, target_is_directory=True)
+    except OSError:  # no symlinks here (Windows without the privilege): the installed mapping stands
+        return
+    sys.path.insert(0, str(links))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(links), str(root), os.environ.get("PYTHONPATH"))
+                                               if p)
+
+
+_this_checkouts_packages()
+
+
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path, monkeypatch):
     """Tests never touch the user's cache, data or state dirs, except the real-model tiers' model cache."""

@@ -27,7 +27,7 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-@pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto"])
+@pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto", "repo", "tree"])
 def test_complete_json(capsys, models, source, strategy):
     target, draft = models
     code, out, err = run(capsys, "complete", source, "--line", 2, "--col", 12, "--target", target, "--draft", draft,
@@ -45,7 +45,8 @@ def test_complete_json(capsys, models, source, strategy):
 def test_speculation_does_not_change_the_text(capsys, models, source):
     target, draft = models
     texts = set()
-    for strategy in ("plain", "auto"):
+    (source.parent / "other.py").write_text(source.read_text())  # what `repo` indexes: the file's folder
+    for strategy in ("plain", "auto", "repo", "tree"):
         code, out, _ = run(capsys, "complete", source, "--line", 2, "--col", 12, "--target", target, "--draft", draft,
                            "--strategy", strategy, "--max-new-tokens", 16, "--dtype", "fp32", "--draft-quant", "none",
                            "--json")

@@ -17,11 +17,13 @@ ALLOWED = {  # what each package may import from the others
     "specdec_finetune": {"specdec", "specdec_adapters"},
     "lsp_server": {"specdec", "specdec_adapters"},
 }
-# inside specdec: the engine runs whatever model it is handed and knows nothing of loading, prompts or
-# benchmarks; the model wing knows the engine only through its bounds
+# inside specdec: the engine runs whatever model it is handed and knows nothing of loading, prompts,
+# benchmarks or how a repository's files are chosen; the model wing knows the engine only through its bounds;
+# the repository wing reads files for whoever hands it a tokenizer and an index, and loads no model
 WING_RULES = {
-    "specdec/engine": ("specdec.models", "specdec.prompts", "specdec.bench", "specdec.cli"),
+    "specdec/engine": ("specdec.models", "specdec.prompts", "specdec.bench", "specdec.cli", "specdec.repository"),
     "specdec/models": ("specdec.prompts", "specdec.bench", "specdec.cli", "specdec.engine."),
+    "specdec/repository": ("specdec.models", "specdec.bench", "specdec.cli"),
 }
 WING_EXCEPTIONS = {"specdec.engine.limits"}
 

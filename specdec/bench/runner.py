@@ -16,8 +16,10 @@ import statistics
 import time
 from pathlib import Path
 
+from specdec.engine.strategies import STRATEGIES
+
 HF = ("hf-plain", "hf-assisted", "hf-lookup")
-OURS = ("plain", "lookup", "draft", "auto")
+OURS = STRATEGIES  # every engine strategy
 
 
 def peak_rss_mb() -> float:
@@ -89,7 +91,8 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     from specdec.engine.session import GenerationConfig, Session
     from specdec.models.int4 import int4_kernel_in_use
     from specdec.models.loading import load_pair
-    from specdec.engine.strategies import make_drafter, needs_draft_model
+    from specdec.engine.cost_curve import cost_curve_key
+    from specdec.engine.strategies import make_drafter, needs_cost_curve, needs_draft_model, target_cost_curve
 
     languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
     sources = local_sources(args.files) if args.files else SOURCES
@@ -104,7 +107,12 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
                                       max_suffix_tokens=args.max_suffix_tokens)
     session = completer.session
     stops = set(session.stop_token_ids)
-    drafters = {s: make_drafter(s, draft, max_draft=args.max_draft) for s in strategies if s in OURS}
+    curve = None
+    if any(needs_cost_curve(s) for s in strategies):
+        curve = target_cost_curve(session.target, cost_curve_key(**pair.target_identity()))
+        print("target verify cost (ms per pass of n tokens): "
+              + ", ".join(f"{n}: {1000 * t:.0f}" for n, t in zip(curve.tokens, curve.seconds)), flush=True)
+    drafters = {s: make_drafter(s, draft, max_draft=args.max_draft, cost_curve=curve) for s in strategies if s in OURS}
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_draft=args.max_draft)
 
     session.generate(tokenizer.encode("def warm_up():\n    return"), GenerationConfig(4))  # threads, allocator
@@ -148,7 +156,8 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
                            acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass,
                            prefill_reused=s.prefill_reused, prefill_computed=s.prefill_computed,
                            prefill_seconds=s.prefill_seconds, draft_seconds=s.draft_seconds,
-                           verify_seconds=s.verify_seconds, drafted_by=s.drafted_by, accepted_by=s.accepted_by)
+                           verify_seconds=s.verify_seconds, drafted_by=s.drafted_by, accepted_by=s.accepted_by,
+                           drafted_depth=s.drafted_depth, tree_passes=s.tree_passes)
             if reference is None:
                 reference = tokens
             row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
@@ -156,8 +165,13 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
             row["peak_rss_mb"] = round(peak_rss_mb())
             row["text"] = tokenizer.decode(tokens)
             rows.append(row)
+            shape = ""
+            if row.get("tree_passes") is not None and row.get("target_passes", 0) > 1:
+                drafting = row["target_passes"] - 1  # the prefill pass drafts nothing
+                shape = (f" tree: {row['drafted'] / drafting:.1f} nodes, {row['drafted_depth'] / drafting:.1f} deep "
+                         f"per pass, {row['tree_passes']}/{drafting} branched")
             print(f"  {hole.name:28} {strategy:12} {row['new_tokens']:3d} tok {row['seconds']:6.2f}s "
-                  f"{row['tokens_per_second']:5.2f} tok/s equal={row['equals_plain']}", flush=True)
+                  f"{row['tokens_per_second']:5.2f} tok/s equal={row['equals_plain']}{shape}", flush=True)
 
     summary = summarize(rows, strategies)
     print_tables(summary, strategies)
@@ -171,6 +185,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
         "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,
                      "license": s.license, "project": s.project} for s in sources],
         "peak_rss_mb": round(peak_rss_mb()),
+        "cost_curve": curve.to_json() if curve is not None else None,
         "summary": summary,
         "rows": rows,
     }, indent=2))

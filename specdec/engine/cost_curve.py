@@ -3,7 +3,7 @@
 The tree planner (tree_shape.py) trades expected accepted tokens against what a wider
 pass costs, and that price is the hardware's: on a GPU a pass over 16 tokens costs about
 what a pass over one does, on a CPU every token adds matmul work. So the curve is
-measured, not assumed: a handful of sizes, the median of a few repeats after a warm-up,
+measured, not assumed: a handful of sizes, the fastest of a few repeats after a warm-up,
 piecewise linear in between. Measuring takes seconds, so curves are cached on disk under
 a key the caller builds from everything that changes the answer (model, dtype,
 quantization, device, torch version, threads); a cache file that cannot be read is
@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -81,7 +80,8 @@ def measure_cost_curve(run_pass: Callable[[int], None], points: Sequence[int] = 
     """Time run_pass(n) (one verify pass over n tokens, synchronised) at each size in points.
 
     Rounds go over all sizes in turn, so drift (thermal, another process) spreads over every
-    size instead of biasing the last; each size keeps the median of its rounds. The result
+    size instead of biasing the last; each size keeps the fastest of its rounds (another process
+    only ever adds time, and a burst landing on one size would bend the curve). The result
     is made monotone (CostCurve.monotone).
     """
     points = sorted({int(n) for n in points})
@@ -96,7 +96,7 @@ def measure_cost_curve(run_pass: Callable[[int], None], points: Sequence[int] = 
             start = clock()
             run_pass(n)
             timings[n].append(clock() - start)
-    seconds = tuple(max(statistics.median(timings[n]), 1e-9) for n in points)  # a coarse clock can read 0
+    seconds = tuple(max(min(timings[n]), 1e-9) for n in points)  # a coarse clock can read 0
     return CostCurve(tuple(points), seconds).monotone()
 
 

@@ -107,6 +107,7 @@ class Session:
             ids.add(tokenizer.eos_token_id)
         self.stop_token_ids = frozenset(ids)
         self.lock = threading.Lock()  # one generation at a time: the caches are shared state
+        self.cost_curve = None  # the target's verify cost per pass size, when a strategy measured it
 
     def reset(self) -> None:
         self.target.reset()

@@ -92,24 +92,45 @@ class Int4Linear(torch.nn.Module):
         out_features, in_features = codes.codes.shape
         if out_features % 16 or in_features % GROUP:
             raise ValueError(f"int4 needs out % 16 == 0 and in % {GROUP} == 0, got {out_features}x{in_features}")
-        self.in_features, self.out_features, self.dense_rows, self.dtype = in_features, out_features, dense_rows, dtype
-        self.kernel = resolve_kernel(kernel)
-        if self.kernel == "w4a8":
-            self.register_buffer("packed", w4a8.pack(codes.codes, codes.scale, codes.zero))
-            self.register_buffer("scales_and_zeros", None)
+        kernel = resolve_kernel(kernel)
+        if kernel == "w4a8":
+            packed, sz = w4a8.pack(codes.codes, codes.scale, codes.zero), None
         else:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32).contiguous(), 1)
-            self.register_buffer("packed", packed)
             # [groups, out, 2] in the activations' dtype: the kernel's layout; rounded to bf16 first,
             # so an fp32 run computes with the very weights a bf16 run does
-            sz = torch.stack([codes.scale, codes.zero], -1).to(torch.bfloat16).transpose(0, 1).contiguous()
-            self.register_buffer("scales_and_zeros", sz.to(dtype))
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
+            sz = torch.stack([codes.scale, codes.zero], -1).to(torch.bfloat16).transpose(0, 1).contiguous().to(dtype)
         dense = None
         if dense_rows > 0:  # the kernel's own weights, rounded to the activations' dtype
             dense = codes.dequantize(torch.bfloat16).to(dtype)
+        self._install(in_features, out_features, dense_rows, dtype, kernel, packed, sz,
+                      None if bias is None else bias.detach().to(dtype).clone(), dense)
+
+    def _install(self, in_features: int, out_features: int, dense_rows: int, dtype: torch.dtype, kernel: str,
+                 packed: torch.Tensor, scales_and_zeros: torch.Tensor | None, bias: torch.Tensor | None,
+                 dense: torch.Tensor | None) -> None:
+        self.in_features, self.out_features, self.dense_rows, self.dtype = in_features, out_features, dense_rows, dtype
+        self.kernel = kernel
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", bias)
         self.register_buffer("dense", dense)
         self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)  # for dtype/device probes
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor], in_features: int, out_features: int, dense_rows: int,
+                   dtype: torch.dtype, kernel: str) -> Int4Linear:
+        """The layer from its own state_dict (specdec.models.int4_cache): no repacking, bit for bit the same.
+
+        kernel: the one the state was packed for ("aten": packed + scales_and_zeros; "w4a8": packed alone)."""
+        if kernel not in ("aten", "w4a8"):
+            raise ValueError(f"unknown resolved int4 kernel {kernel!r}")
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer._install(in_features, out_features, dense_rows, dtype, kernel, state["packed"],
+                       state.get("scales_and_zeros") if kernel == "aten" else None, state.get("bias"),
+                       state.get("dense"))
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -136,12 +157,27 @@ class Int8ChannelLinear(torch.nn.Module):
 
     def __init__(self, codes: Int8Codes, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
-        self.out_features, self.in_features = codes.codes.shape
-        self.dtype = dtype
-        self.register_buffer("codes", codes.codes.contiguous())
-        self.register_buffer("scale", codes.scale.to(dtype))  # the kernel takes scales in x's dtype
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
+        out_features, in_features = codes.codes.shape
+        self._install(in_features, out_features, dtype, codes.codes.contiguous(),
+                      codes.scale.to(dtype),  # the kernel takes scales in x's dtype
+                      None if bias is None else bias.detach().to(dtype).clone())
+
+    def _install(self, in_features: int, out_features: int, dtype: torch.dtype, codes: torch.Tensor,
+                 scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
         self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor], in_features: int, out_features: int,
+                   dtype: torch.dtype) -> Int8ChannelLinear:
+        """The layer from its own state_dict (specdec.models.int4_cache), bit for bit the same."""
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer._install(in_features, out_features, dtype, state["codes"], state["scale"], state.get("bias"))
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -69,6 +69,13 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str = "
 class ModelPair:
     target: LoadedModel
     draft: LoadedModel | None
+    target_quant: str = "none"
+
+    def target_identity(self) -> dict:
+        """What changes what a target pass costs (engine.cost_curve.cost_curve_key's fields)."""
+        model = self.target.model
+        return {"model": f"{self.target.spec}@{self.target.weight_hash}", "dtype": str(model.dtype),
+                "quantization": self.target_quant, "device": str(model.device)}
 
 
 def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", draft_quant: str = "int8",
@@ -79,10 +86,10 @@ def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", dra
     target = load(target_spec, dtype, device)
     quantize_target(target, target_quant, dtype, int4_kernel)
     if not draft_spec:
-        return ModelPair(target, None)
+        return ModelPair(target, None, target_quant)
     draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
     if adapter:
         draft.model = apply_adapter(draft.model, adapter)
     draft.model = quantize_draft(draft.model, draft_quant)
-    return ModelPair(target, draft)
+    return ModelPair(target, draft, target_quant)

@@ -152,6 +152,17 @@ class SwitchableDraft:
         self.active = name
         return True
 
+    def unload(self, name: str) -> bool:
+        """Forget a loaded adapter that is not active (its LoRA factors and folded layers): an adapter replaced by a
+        newer version, as online adaptation replaces them, would otherwise stay in memory. False if not loaded."""
+        if name == self.active:
+            raise SpecdecError(f"adapter {name} is in use; activate another before unloading it")
+        self.folded.pop(name, None)
+        if self.loaded.pop(name, None) is None:
+            return False
+        self.model.delete_adapter(name)
+        return True
+
     def _folded(self, name: str) -> dict:
         """int8(W + BA) for each int8 layer, built on first use; the least recently used are dropped."""
         import torch

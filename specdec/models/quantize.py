@@ -45,7 +45,8 @@ def swap_int8(model, mode: str = "int8") -> list[tuple[object, str, object]]:
 
 def quantize_target(target, mode: str, dtype: str = "auto", int4_kernel: str = "auto") -> None:
     """Swap a loaded target's (specdec.models.loading.LoadedModel) Linear layers for int4/int8 ones in place
-    (CPU); `none` leaves it as loaded. int4_kernel: one of INT4_KERNELS (specdec.models.int4.resolve_kernel)."""
+    (CPU); `none` leaves it as loaded. int4_kernel: one of INT4_KERNELS (specdec.models.int4.resolve_kernel).
+    An int4 target's layers come from the cache (one file per resolved kernel) after the first start."""
     if mode not in TARGET_QUANT:
         raise SpecdecError(f"unknown target quantization {mode!r}; use one of {', '.join(TARGET_QUANT)}")
     if int4_kernel not in INT4_KERNELS:
@@ -54,10 +55,11 @@ def quantize_target(target, mode: str, dtype: str = "auto", int4_kernel: str = "
         return
     if next(target.model.parameters()).device.type != "cpu":
         raise SpecdecError(f"--target-quant {mode} runs PyTorch's CPU kernels; use none on {target.model.device}")
-    from specdec.models.int4 import TargetQuantConfig
-    from specdec.models.int4 import quantize_target as swap
-
     from specdec.hardware import torch_dtype
+    from specdec.models.int4 import TargetQuantConfig
+    from specdec.models.int4_cache import quantize_target_cached
 
     gguf = target_gguf(target.spec) if mode == "int4" else None
-    swap(target.model, TargetQuantConfig(mode, kernel=int4_kernel), gguf, torch_dtype(dtype))
+    weights = list(target.path.resolve().glob("*.safetensors"))  # a Linear the GGUF lacks comes from these
+    quantize_target_cached(target.model, TargetQuantConfig(mode, kernel=int4_kernel), gguf, torch_dtype(dtype),
+                           weights)

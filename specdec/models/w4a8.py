@@ -35,6 +35,8 @@ import torch
 GROUP = 32
 TILE_N = 16  # output columns per tile: one zmm of int32/fp32 lanes
 BLOCK_BYTES = 320  # one (tile, group) block: 256 bytes of codes, 16 bf16 scales, 16 bf16 zeros
+# pack()'s output format, named in specdec.models.int4_cache's key: change it whenever pack() changes
+PACK_LAYOUT = "v1: [N/16 tiles][K/32 groups] blocks of 4x64 nibble-pair code bytes, 16 bf16 scales, 16 bf16 zeros"
 CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})  # as /proc/cpuinfo names them
 
 CPP_SOURCE = r"""
@@ -270,6 +272,11 @@ def unavailable_reason() -> str:
     """'' when load() found the kernel, else why not (calls load())."""
     load()
     return _state["reason"]
+
+
+def packed_bytes(out_features: int, in_features: int) -> int:
+    """The length of pack()'s output for an [out_features, in_features] weight."""
+    return out_features // TILE_N * (in_features // GROUP) * BLOCK_BYTES
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:

@@ -6,24 +6,52 @@ import json
 import sys
 
 from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS
-from specdec.engine.strategies import STRATEGIES, needs_draft_model
+from specdec.engine.strategies import STRATEGIES, needs_draft_model, uses_repo_index
 from specdec.errors import SpecdecError
 from specdec.models.commands import add_model_args
 
 
-def load_completer(args, strategy: str):
+def load_completer(args, strategy: str, repo: str | None = None, exclude: str | None = None):
+    """repo: a folder to index for the repo drafter (`repo`, `auto`); exclude: the file being completed."""
+    from specdec.prompts import fim
     from specdec.prompts.completion import Completer
     from specdec.models.loading import load_pair
-    from specdec.engine.strategies import make_session
+    from specdec.engine.cost_curve import cost_curve_key
+    from specdec.engine.strategies import make_session, repo_drafters
 
     needs_draft = needs_draft_model(strategy)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
                      adapter=getattr(args, "adapter", None), target_quant=getattr(args, "target_quant", "none"),
                      int4_kernel=getattr(args, "int4_kernel", "auto"))
     draft_model = pair.draft.model if pair.draft else None
-    session = make_session(pair.target.model, pair.target.tokenizer, strategy, draft_model,
-                           max_draft=args.max_draft)
+    tokenizer = pair.target.tokenizer
+    index = None
+    if repo and uses_repo_index(strategy):
+        from specdec.engine.drafters.repo_index import RepoIndex
+        from specdec.repository.build import build_index
+
+        index = RepoIndex()
+        build_index(repo, tokenizer, index)
+    session = make_session(pair.target.model, tokenizer, strategy, draft_model, max_draft=args.max_draft,
+                           repo_index=index, prompt_markers=fim.markers(tokenizer, fim.detect(tokenizer)),
+                           cost_key=cost_curve_key(**pair.target_identity()))
+    for drafter in repo_drafters(session.drafter) if session.drafter else []:
+        drafter.exclude = exclude
     return Completer.for_session(session)
+
+
+def repository_of(path: str) -> str:
+    """The git work tree holding the file, else its folder: what `--strategy repo` indexes by default."""
+    import subprocess
+    from pathlib import Path
+
+    folder = Path(path).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=folder, capture_output=True, text=True,
+                             check=False)
+    except OSError:
+        return str(folder)
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else str(folder)
 
 
 def check_generation_args(args) -> None:
@@ -47,10 +75,17 @@ def cmd_complete(args) -> int:
     from specdec.engine.session import GenerationConfig
     from specdec.engine.sampling import SamplingConfig
 
+    from pathlib import Path
+
+    from specdec.repository.build import document_key
+
     check_generation_args(args)  # validate everything before the models load
     prefix, suffix = split_at(read_source(args.file), args.line, args.col)
+    repo = args.repo or (repository_of(args.file) if args.strategy == "repo" else None)
+    if repo and not Path(repo).is_dir():
+        raise SpecdecError(f"--repo {repo}: not a folder")
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
-    completer = load_completer(args, args.strategy)
+    completer = load_completer(args, args.strategy, repo, document_key(args.file))
     result = completer.complete(prefix, suffix, GenerationConfig(args.max_new_tokens, sampling, args.max_draft),
                                 path=args.file)
     if args.json:
@@ -74,6 +109,8 @@ def register(sub) -> None:
     p.add_argument("--col", type=int, required=True, help="1-based column (characters)")
     add_model_args(p)
     p.add_argument("--strategy", choices=STRATEGIES, default="auto")
+    p.add_argument("--repo", help="index this folder for the repository drafter (repo, auto); repo's default: the "
+                                  "file's git work tree (the file itself is not drafted from)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-draft", type=int, default=8, help="cap on drafted tokens per target pass")
     p.add_argument("--temperature", type=float, default=0.0)

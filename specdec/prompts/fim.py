@@ -42,6 +42,15 @@ TEMPLATES: dict[str, FimTemplate] = {
 }
 
 
+def markers(tokenizer, template: FimTemplate):
+    """The template's markers as token ids, so a drafter can find the text before the cursor in a prompt."""
+    from specdec.engine.drafters.repo import PromptMarkers
+
+    vocab = tokenizer.get_vocab()
+    return PromptMarkers(vocab.get(template.prefix), vocab.get(template.suffix),
+                         vocab.get(template.middle) if template.middle else None)
+
+
 def detect(tokenizer, override: str | None = None) -> FimTemplate:
     """Pick the family whose FIM special tokens the tokenizer knows."""
     if override:

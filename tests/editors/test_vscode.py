@@ -77,7 +77,7 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
     assert result["after"] != result["before"] and f"    r{first_line}" in result["after"]
     assert screenshot.stat().st_size > 10_000
     # the stats view got the server's data
-    assert "python" in result["stats"]["table"] and result["stats"]["charts"] == 4
+    assert "python" in result["stats"]["table"] and result["stats"]["charts"] == 5  # 4 + acceptance per drafter source
     # the server was killed: the user was told, a new server came up, and the status bar is live again
     assert result["restart"]["warning"] == "specdec: the completion server stopped; restarting it."
     assert re.search("specdec ready|accepted", result["restart"]["status"])

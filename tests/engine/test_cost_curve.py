@@ -1,4 +1,4 @@
-"""The verify cost curve: medians after a warm-up, piecewise-linear, monotone, cached on disk
+"""The verify cost curve: the fastest round after a warm-up, piecewise-linear, monotone, cached on disk
 under the caller's key, a damaged cache measured again, and real passes on a tiny model."""
 
 import json
@@ -31,7 +31,7 @@ class FakeClock:
         self.now += self.seconds_for(n, len(self.calls))
 
 
-def test_medians_of_rounds_after_a_warm_up():
+def test_fastest_of_rounds_after_a_warm_up():
     # the first call is a cold start (100 s); every fourth call is an outlier (+50 s)
     clock = FakeClock(lambda n, call: (100.0 if call == 1 else 0.0) + 0.01 * (1 + 0.1 * n) + (50.0 if call % 4 == 0 else 0))
     curve = measure_cost_curve(clock.run_pass, points=(1, 8, 64), repeats=5, warmup=1, clock=clock)

@@ -12,12 +12,13 @@ from specdec.engine.acceptance import TreeVerdict
 from specdec.engine.draft_length import DraftLength
 from specdec.engine.drafters.base import Draft
 from specdec.engine.drafters.composite import Composite
-from specdec.engine.drafters.draft_tree import DraftTree, TreeShape
+from specdec.engine.drafters.draft_tree import DraftTree, TreeLimits
 from specdec.engine.drafters.prompt_lookup import PromptLookup
 from specdec.engine.kv import KVModel
 from specdec.engine.sampling import SamplingConfig, probabilities
 from specdec.engine.session import GenerationConfig, Session, greedy_reference
 from specdec.engine.tree import ROOT, TokenTree
+from specdec.engine.tree_shape import TreeShape
 from specdec.errors import SpecdecError
 
 MAX_NEW = 20
@@ -99,14 +100,22 @@ def test_random_trees_give_plain_greedy(target, tok, reference, seed):
         assert sum(v.accepted for _, _, v in drafter.verdicts) > 0  # and some paths were taken
 
 
-SHAPES = [TreeShape(budget=1, depth=1, branch=1, width=1), TreeShape(budget=6, depth=3, branch=2, width=2),
-          TreeShape(budget=12, depth=6, branch=3, width=2), TreeShape(budget=10, depth=2, branch=8, width=4)]
+PLANNED = TreeShape((ROOT, ROOT, ROOT, 0, 0, 1, 3, 5, 7), (0, 1, 2, 0, 1, 0, 0, 0, 0))  # wide on top, then deep
+PLANS = [TreeLimits(budget=1, depth=1, branch=1, width=1), TreeLimits(budget=6, depth=3, branch=2, width=2),
+         TreeLimits(budget=12, depth=6, branch=3, width=2), TreeLimits(budget=10, depth=2, branch=8, width=4), PLANNED]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"b{s.budget}d{s.depth}k{s.branch}w{s.width}")
+def plan_id(plan) -> str:
+    if isinstance(plan, TreeShape):
+        return f"planned{len(plan)}"
+    return f"b{plan.budget}d{plan.depth}k{plan.branch}w{plan.width}"
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=plan_id)
 @pytest.mark.parametrize("draft", ["same", "unrelated"])
-def test_draft_tree_gives_plain_greedy(target, unrelated_draft, tok, reference, shape, draft):
-    drafter = DraftTree(target if draft == "same" else unrelated_draft, shape)
+def test_draft_tree_gives_plain_greedy(target, unrelated_draft, tok, reference, plan, draft):
+    model = target if draft == "same" else unrelated_draft
+    drafter = DraftTree(model, shape=plan) if isinstance(plan, TreeShape) else DraftTree(model, plan)
     session = Session(target, tok, drafter)
     computed = []
     sync = drafter.kv.sync
@@ -128,14 +137,14 @@ def test_draft_tree_gives_plain_greedy(target, unrelated_draft, tok, reference, 
         assert max(computed[1:], default=0) <= 2, computed
     if draft == "same":
         assert out.stats.accepted > 0
-        if shape.budget > shape.depth:
+        if plan_id(plan) != "b1d1k1w1":  # every other plan branches
             assert out.stats.tree_passes > 0 and out.stats.drafted > out.stats.drafted_depth
 
 
 def test_draft_tree_is_the_best_budget_nodes_of_its_expansion(target, tok):
     """branch 2, width 4, depth 3 expands every node: the 14-node full binary tree, of which the
     6 most probable (cumulative draft probability, by plain linear passes) must be kept."""
-    drafter = DraftTree(target, TreeShape(budget=6, depth=3, branch=2, width=4))
+    drafter = DraftTree(target, TreeLimits(budget=6, depth=3, branch=2, width=4))
     context = tok.encode("def add(a, b):\n    return")
     draft = drafter.propose(context, 32, SamplingConfig())
     tree = draft.tree
@@ -160,26 +169,47 @@ def test_draft_tree_is_the_best_budget_nodes_of_its_expansion(target, tok):
         assert children == torch.topk(belief(path), 2).indices.tolist()[: len(children)]
 
 
-def test_draft_tree_respects_its_shape_and_k(unrelated_draft, tok):
-    drafter = DraftTree(unrelated_draft, TreeShape(budget=12, depth=4, branch=3, width=2))
+def test_draft_tree_respects_its_limits_and_k(unrelated_draft, tok):
+    drafter = DraftTree(unrelated_draft, TreeLimits(budget=12, depth=4, branch=3, width=2))
     context = tok.encode("import os\nimport")
     sampling = SamplingConfig(temperature=0.9, top_k=20)
     tree = drafter.propose(context, 32, sampling).tree
     assert len(tree) == 12 and tree.depth <= 4
     assert all(len(tree.children(n)) <= 3 for n in [ROOT, *range(len(tree))])
     assert len(drafter.propose(context, 5, sampling).tree) == 5  # the session's k caps the nodes
-    small = TreeShape(budget=3, depth=1, branch=3, width=1)
-    tree = drafter.propose(context, 32, sampling, shape=small).tree  # a per-call shape wins
+    small = TreeLimits(budget=3, depth=1, branch=3, width=1)
+    tree = drafter.propose(context, 32, sampling, limits=small).tree  # per-call limits win
     assert tree.parents == [ROOT] * 3
-    drafter.shape = TreeShape(budget=2, depth=2, branch=1, width=1)  # so does a new default
+    drafter.limits = TreeLimits(budget=2, depth=2, branch=1, width=1)  # so do new defaults
     assert drafter.propose(context, 32, sampling).tree.parents == [ROOT, 0]
     assert drafter.propose(context, 0, sampling).tokens == []
     with pytest.raises(SpecdecError, match="branch"):
-        TreeShape(branch=0)
+        TreeLimits(branch=0)
+
+
+def test_draft_tree_fills_a_planned_shape(target, tok):
+    """Sequoia's planner gives the topology and each node's rank: node i is the ranks[i]-th best
+    draft token after its parent (checked by linear passes); k keeps the first k nodes."""
+    drafter = DraftTree(target)
+    context = tok.encode("for i in range(10):\n  ")
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=0.7, top_k=50)):
+        tree = drafter.propose(context, 32, sampling, shape=PLANNED).tree
+        assert TreeShape.of(tree) == PLANNED
+        for node in range(len(tree)):
+            before = [tree.tokens[i] for i in tree.path(tree.parents[node])] if tree.parents[node] != ROOT else []
+            logits = KVModel(target).extend(context + before)[-1]
+            belief = logits.softmax(-1) if sampling.greedy else probabilities(logits, sampling)
+            assert tree.tokens[node] == torch.topk(belief, PLANNED.ranks[node] + 1).indices[-1], node
+    assert TreeShape.of(drafter.propose(context, 5, SamplingConfig(), shape=PLANNED).tree) == TreeShape(
+        PLANNED.parents[:5], PLANNED.ranks[:5])
+    drafter.shape = TreeShape((ROOT, 0), (0, 0))  # a planner's standing shape, used when none is passed
+    assert drafter.propose(context, 32, SamplingConfig()).tree.parents == [ROOT, 0]
+    drafter.shape = TreeShape((), ())  # the planner's "do not draft"
+    assert drafter.propose(context, 32, SamplingConfig()).tokens == []
 
 
 def test_observe_keeps_the_accepted_branch_in_the_draft_cache(unrelated_draft, tok):
-    drafter = DraftTree(unrelated_draft, TreeShape(budget=10, depth=4, branch=2, width=2))
+    drafter = DraftTree(unrelated_draft, TreeLimits(budget=10, depth=4, branch=2, width=2))
     context = tok.encode("class Point:\n    def")
     drafter.prefill(context)
     nodes = len(drafter.propose(context, 32, SamplingConfig()).tree)
@@ -205,7 +235,7 @@ def test_observe_keeps_the_accepted_branch_in_the_draft_cache(unrelated_draft, t
 
 
 def test_composite_hands_the_tree_drafter_its_verdict(target, tok, reference):
-    tree = DraftTree(target, TreeShape(budget=6, depth=3, branch=2, width=2))
+    tree = DraftTree(target, TreeLimits(budget=6, depth=3, branch=2, width=2))
     seen = []
     observe = tree.observe
     tree.observe = lambda *args, **kw: seen.append(kw.get("verdict")) or observe(*args, **kw)
@@ -234,7 +264,7 @@ def test_sampling_with_a_tree_follows_the_target(target, tok):
             p3 = law_after(prompt + [x1, x2])
             for x3 in torch.nonzero(p3).flatten().tolist():
                 law[x1, x2, x3] = (p1[x1] * p2[x2] * p3[x3]).item()
-    session = Session(target, tok, DraftTree(target, TreeShape(budget=4, depth=2, branch=2, width=2)))
+    session = Session(target, tok, DraftTree(target, TreeLimits(budget=4, depth=2, branch=2, width=2)))
     session.stop_token_ids = frozenset()  # every run yields three tokens
 
     def run(seed):

@@ -124,7 +124,7 @@ def test_prefix_reuse_prefills_only_the_new_suffix(target, unrelated_draft, tok,
     assert out.tokens == reference(second)
 
 
-@pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto"])
+@pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto", "tree"])
 def test_stop_tokens_and_predicate_honoured_by_every_strategy(target, unrelated_draft, tok, reference, strategy):
     prompt = tok.encode("def add(a, b):\n    return")
     full = reference(prompt)
@@ -140,7 +140,7 @@ def test_stop_tokens_and_predicate_honoured_by_every_strategy(target, unrelated_
     assert out.stop_reason == "stop" and out.text == cut_text
 
 
-@pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto"])
+@pytest.mark.parametrize("strategy", ["plain", "draft", "lookup", "auto", "tree"])
 def test_cancel_returns_within_one_step(target, unrelated_draft, tok, strategy):
     cancel = CancelToken()
     seen, passes = [], []

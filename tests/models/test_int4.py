@@ -3,11 +3,23 @@ greedy speculative output that equals plain greedy over the same quantized targe
 
 import pytest
 import torch
+from gguf_files import write_tiny_gguf
 
 from specdec.engine.session import GenerationConfig, Session, greedy_reference
-from specdec.models.gguf_codes import GROUP, int8_per_channel, q4k_codes, quantize_q4k, read_qwen2_linears
-from specdec.models.int4 import Int4Linear, Int8ChannelLinear, TargetQuantConfig, quantize_target
 from specdec.engine.strategies import make_session
+from specdec.models.gguf_codes import (
+    GROUP,
+    int8_per_channel,
+    q4k_codes,
+    quantize_q4k,
+    read_qwen2_linears,
+)
+from specdec.models.int4 import (
+    Int4Linear,
+    Int8ChannelLinear,
+    TargetQuantConfig,
+    quantize_target,
+)
 
 HIDDEN = 256  # the smallest width Q4_K's 256-weight super-blocks fit
 PROMPTS = ["def add(a, b):\n    return", "class Point:\n    def", "for i in range(10):\n  ",
@@ -68,33 +80,6 @@ def test_kernels_are_row_independent(kind):
         assert torch.equal(layer(x[:rows]), full[:rows]), rows
     for i in range(64):
         assert torch.equal(layer(x[i:i + 1])[0], full[i]), i
-
-
-def write_tiny_gguf(model, path):
-    """A GGUF of the tiny model's Linear layers as a Q4_K_M file holds them: Q4_K blocks, with
-    lm_head in another type (Q8_0 here) so the int8 route through gguf's dequantizer runs too."""
-    from gguf import GGMLQuantizationType, GGUFWriter
-    from gguf.quants import quantize
-
-    names = {v: k for k, v in {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-                               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-                               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                               "ffn_down": "mlp.down_proj"}.items()}
-    writer = GGUFWriter(str(path), "qwen2")
-    for full, module in model.named_modules():
-        if type(module) is not torch.nn.Linear:
-            continue
-        if full == "lm_head":
-            data = quantize(module.weight.detach().float().numpy(), GGMLQuantizationType.Q8_0)
-            writer.add_tensor("output.weight", data, raw_dtype=GGMLQuantizationType.Q8_0)
-            continue
-        _, _, layer, part = full.split(".", 3)
-        writer.add_tensor(f"blk.{layer}.{names[part]}.weight", quantize_q4k(module.weight),
-                          raw_dtype=GGMLQuantizationType.Q4_K)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 @pytest.fixture(scope="module")
@@ -173,8 +158,8 @@ def test_real_int4_target_fim_completion_is_lossless(monkeypatch):
     import os
 
     from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specdec.prompts.completion import Completer
     from specdec.models.loading import load_pair
+    from specdec.prompts.completion import Completer
 
     if "SPECDEC_TEST_REAL_CACHE" not in os.environ:
         monkeypatch.delenv("SPECDEC_CACHE_DIR", raising=False)

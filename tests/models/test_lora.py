@@ -39,6 +39,27 @@ def test_switchable_draft_swaps_adapters_on_an_int8_base(tmp_path, monkeypatch):
         draft.activate("bad", bad)
 
 
+def test_an_unloaded_adapter_leaves_memory_and_the_active_one_untouched(tmp_path):
+    """Online adaptation replaces an adapter every few minutes: the replaced one must not stay loaded."""
+    import torch
+
+    from specdec.models.lora import SwitchableDraft
+
+    draft = SwitchableDraft(tiny.model(seed=2))
+    ids = torch.tensor([[10, 11, 12, 13]])
+    draft.activate("old", random_adapter(tmp_path / "old", 1))
+    with pytest.raises(SpecdecError, match="in use"):
+        draft.unload("old")
+    draft.activate("new", random_adapter(tmp_path / "new", 2))
+    served = draft.model(ids).logits
+    assert draft.unload("old") and not draft.unload("old")
+    assert "old" not in draft.loaded and "old" not in draft.folded and "old" not in draft.model.peft_config
+    assert torch.equal(draft.model(ids).logits, served)
+    draft.activate(None)
+    draft.activate("new")  # still switchable, still the same
+    assert torch.equal(draft.model(ids).logits, served)
+
+
 @pytest.mark.parametrize("quant", ["none", "int8"])
 def test_lean_lora_forward_computes_what_pefts_does(tmp_path, quant):
     import copy

