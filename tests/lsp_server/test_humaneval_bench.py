@@ -111,7 +111,8 @@ def test_humaneval_bench_end_to_end_on_tiny_models(tmp_path, cli, capsys):
     assert report["configs"] == ["none/plain", "none/auto"]
     assert len(report["rows"]) == 4 and report["reference_pass"] == 1.0
     assert report["dataset"]["sample"] == 2 and len(report["dataset"]["task_ids"]) == 2
-    assert not (tmp_path / "he.json.rows.jsonl").exists()  # the rows kept as they came, gone once the JSON is written
+    journal = (tmp_path / "he.json.rows.jsonl").read_text().splitlines()  # the rows as they came, and a header
+    assert json.loads(journal[0])["settings"]["target"] == str(target) and len(journal) == 1 + 4
     assert report["settings"]["max_new_tokens"] == Settings().max_new_tokens  # the server's budget
     auto = report["summary"]["none/auto"]
     assert auto["agreement_with_first"] == 1.0  # greedy: speculation never changes the text
@@ -139,3 +140,24 @@ def test_bad_humaneval_arguments_are_one_line(tmp_path, cli, capsys, flags, mess
     assert cli(["bench", "--humaneval", "--humaneval-data", str(data), "--target", "nowhere"] + flags) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_resumed_run_completes_only_what_the_earlier_one_had_not(tmp_path, cli, capsys, monkeypatch):
+    target = tiny.save(tmp_path, seed=1, name="target")
+    data = write_problems(tmp_path / "toy.jsonl")
+    out = tmp_path / "he.json"
+    common = ["bench", "--humaneval", "--humaneval-data", str(data), "--target", str(target), "--dtype", "fp32",
+              "--humaneval-timeout", "20", "--output", str(out)]
+    assert cli(common + ["--limit", "2"]) == 0
+    first = json.loads(out.read_text())["rows"]
+    calls = []
+    real = humaneval_bench.complete
+    monkeypatch.setattr(humaneval_bench, "complete", lambda *a: calls.append(a[1].task_id) or real(*a))
+    assert cli(common + ["--limit", "4", "--humaneval-resume"]) == 0
+    report = json.loads(out.read_text())
+    assert len(calls) == 2 and report["resumed_rows"] == 2 and len(report["rows"]) == 4
+    assert set(calls).isdisjoint(r["task_id"] for r in first)  # a larger limit keeps the smaller one's tasks
+    assert [r for r in report["rows"] if r["task_id"] not in calls] == first
+    assert "resuming: 2 of 4 completions" in capsys.readouterr().out
+    assert cli(common + ["--limit", "4", "--humaneval-resume", "--max-draft", "3"]) == 0  # other settings
+    assert len(calls) == 6 and "not resuming" in capsys.readouterr().out
