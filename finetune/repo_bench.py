@@ -350,7 +350,7 @@ def run(args) -> int:
     if args.repo_steps < 1:
         raise SpecdecError("--repo-steps must be >= 1")
     target = load(args.target, args.dtype)
-    quantize_target(target, args.target_quant, args.dtype)
+    quantize_target(target, args.target_quant, args.dtype, args.int4_kernel)
     draft = load_draft(args.draft, target, args.dtype, args.draft_quant)
     completer = Completer.for_session(Session(target.model, target.tokenizer),
                                       max_prefix_tokens=args.max_prefix_tokens,

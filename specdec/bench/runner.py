@@ -6,6 +6,10 @@ server runs them: the session already served the previous keystroke (same file, 
 one character earlier), so only the changed tail of the prompt is prefilled; `--cold`
 resets the session before every request instead. All requests are greedy, so every
 output can be compared token for token with `hf-plain`.
+
+Each row also shows the weight bandwidth it achieved (gpt-fast's figure: weight bytes x tokens/s;
+specdec.bench.bandwidth) beside this machine's memory bandwidth, measured at the start of the
+run, and the peak RSS: of this process, or of llama-server for the llama.cpp rows.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     from specdec.bench.workload import SOURCES, load_workload, local_sources
     from specdec.prompts.completion import Completer
     from specdec.engine.session import GenerationConfig, Session
+    from specdec.models.int4 import int4_kernel_in_use
     from specdec.models.loading import load_pair
     from specdec.engine.cost_curve import cost_curve_key
     from specdec.engine.strategies import make_drafter, needs_cost_curve, needs_draft_model, target_cost_curve
@@ -98,9 +103,17 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     holes = load_workload(languages, args.holes or 2, sources)
     needs_draft = any(s == "hf-assisted" or needs_draft_model(s) for s in strategies)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     adapter=args.adapter, target_quant=args.target_quant)
+                     adapter=args.adapter, target_quant=args.target_quant, int4_kernel=args.int4_kernel)
     target, tokenizer = pair.target.model, pair.target.tokenizer
+    int4_kernel = int4_kernel_in_use(target)  # what --int4-kernel resolved to ("" without int4 layers)
     draft = pair.draft.model if pair.draft else None
+    from specdec.bench.bandwidth import file_bytes, machine_bandwidth, weight_bytes
+
+    machine = machine_bandwidth()
+    weights = {s: file_bytes(anchors[s].model) if s in anchors else weight_bytes(target) for s in strategies}
+    print(f"machine memory bandwidth (best of {machine['repeats']}, {machine['megabytes']} MB, "
+          f"{machine['threads']} threads): read {machine['read_gbps']:.1f} GB/s, copy {machine['copy_gbps']:.1f} GB/s; "
+          f"target weights read per token {weight_bytes(target) / 1e9:.2f} GB", flush=True)
     completer = Completer.for_session(Session(target, tokenizer), max_prefix_tokens=args.max_prefix_tokens,
                                       max_suffix_tokens=args.max_suffix_tokens)
     session = completer.session
@@ -118,7 +131,8 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     rows = []
     target_dtype = str(target.dtype).removeprefix("torch.")  # what `--dtype auto` resolved to
     print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({target_dtype}), "
-          f"target quant {args.target_quant}, draft {args.draft if needs_draft else '-'} ({args.draft_quant})",
+          f"target quant {args.target_quant}{f' ({int4_kernel} kernel)' if int4_kernel else ''}, "
+          f"draft {args.draft if needs_draft else '-'} ({args.draft_quant})",
           flush=True)
     for hole in holes:
         prompt = completer.prompt(hole.prefix, hole.suffix).ids
@@ -144,8 +158,11 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
             if reference is None:
                 reference = tokens
             row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
+            row["weight_bytes"] = weights[strategy]
+            row["bandwidth_gbps"] = weights[strategy] * row["tokens_per_second"] / 1e9
             row["equals_plain"] = tokens == reference
-            row["peak_rss_mb"] = round(peak_rss_mb())
+            server_rss = anchors[strategy].peak_rss_mb() if strategy in anchors else None
+            row["peak_rss_mb"] = round(server_rss if server_rss is not None else peak_rss_mb())
             row["text"] = tokenizer.decode(tokens)
             rows.append(row)
             shape = ""
@@ -157,6 +174,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
                   f"{row['tokens_per_second']:5.2f} tok/s equal={row['equals_plain']}{shape}", flush=True)
 
     summary = summarize(rows, strategies)
+    summary["machine_read_gbps"] = machine["read_gbps"]
     print_tables(summary, strategies)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -164,9 +182,11 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
         "config": {k: v for k, v in vars(args).items() if k not in ("func", "bench_runners")},
         "target_dtype": target_dtype,
         "target_quant": args.target_quant,
+        "int4_kernel": int4_kernel,
         "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,
                      "license": s.license, "project": s.project} for s in sources],
         "peak_rss_mb": round(peak_rss_mb()),
+        "machine_bandwidth": machine,
         "cost_curve": curve.to_json() if curve is not None else None,
         "summary": summary,
         "rows": rows,
@@ -214,6 +234,7 @@ def summarize(rows: list[dict], strategies: list[str]) -> dict:
         return {
             "holes": len(subset),
             "tokens_per_second_median": statistics.median(r["tokens_per_second"] for r in subset),
+            "bandwidth_gbps_median": statistics.median(r.get("bandwidth_gbps", 0.0) for r in subset),
             "seconds_median": statistics.median(r["seconds"] for r in subset),
             "speedup_median": statistics.median(speedups) if speedups else None,
             "speedup_min": min(speedups) if speedups else None,
@@ -240,9 +261,11 @@ def _fmt(value, spec: str) -> str:
 
 
 def print_tables(summary: dict, strategies: list[str]) -> None:
-    print(f"\nOverall (speedup vs {summary['baseline']}, per-hole tokens/s ratios)")
+    machine = summary.get("machine_read_gbps")
+    print(f"\nOverall (speedup vs {summary['baseline']}, per-hole tokens/s ratios; GB/s: weight bytes x tok/s, "
+          f"as gpt-fast prints it{f', of {machine:.1f} GB/s this machine reads' if machine else ''})")
     print(f"{'strategy':12} {'tok/s':>6} {'speedup':>8} {'min':>6} {'vs-assist':>9} {'accept':>7} {'tok/pass':>8} "
-          f"{'=plain':>7} {'reused':>7} {'RSS MB':>7}")
+          f"{'=plain':>7} {'reused':>7} {'GB/s':>6} {'RSS MB':>7}")
     for s in strategies:
         a = summary["overall"][s]
         reused = a["prefill_reused"] / (a["prefill_reused"] + a["prefill_computed"]) \
@@ -250,7 +273,8 @@ def print_tables(summary: dict, strategies: list[str]) -> None:
         print(f"{s:12} {a['tokens_per_second_median']:6.2f} {_fmt(a['speedup_median'], '8.2f')} "
               f"{_fmt(a['speedup_min'], '6.2f')} {_fmt(a['vs_hf_assisted_median'], '9.2f')} "
               f"{_fmt(a['acceptance_rate'], '7.2f')} {_fmt(a['tokens_per_pass'], '8.2f')} "
-              f"{a['equal_to_plain']:7.0%} {_fmt(reused, '7.0%')} {a['peak_rss_mb']:7d}")
+              f"{a['equal_to_plain']:7.0%} {_fmt(reused, '7.0%')} {a['bandwidth_gbps_median']:6.1f} "
+              f"{a['peak_rss_mb']:7d}")
     print("\nPer language: median speedup (acceptance)")
     print(f"{'language':12} " + " ".join(f"{s:>14}" for s in strategies))
     for lang, per in summary["per_language"].items():

@@ -49,3 +49,14 @@ def test_real_llama_server_completes_the_recorded_prompt():
     with llama.LlamaServer(binary, gguf) as server:
         result = server.complete(RECORDED["prompt"], 24, stops=set())
     assert result.tokens == RECORDED["response"]["tokens"]  # greedy: the same tokens as when it was recorded
+
+
+def test_the_server_process_reports_its_own_peak_rss(tmp_path):
+    """The llama.cpp rows show llama-server's peak memory, not the benchmark's (a stand-in server here)."""
+    from fake_llama_server import executable
+
+    model = tmp_path / "model.gguf"
+    model.write_text("{}")
+    with llama.LlamaServer(executable(tmp_path), model) as server:
+        assert server.peak_rss_mb() > 1  # a Python process at least
+    assert server.peak_rss_mb() is None and server.log is None
