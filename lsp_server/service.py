@@ -148,7 +148,7 @@ class ModelHost:
                 pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
                                  "none" if adapters else settings.draft_quant, target_quant=settings.target_quant,
                                  int4_kernel=settings.int4_kernel)
-                report_and_keep("building session", 95)
+                report_and_keep("building session", 90)
                 draft_model = pair.draft.model if pair.draft else None
                 switchable, draft_hash = None, self.draft_hash
                 if adapters and pair.draft is not None:
@@ -160,8 +160,8 @@ class ModelHost:
 
                 markers = fim.markers(pair.target.tokenizer, fim.detect(pair.target.tokenizer,
                                                                          settings.fim_family or None))
-                if needs_cost_curve(settings.strategy):
-                    report_and_keep("measuring the target's verify cost (once per model)", 90)
+                if needs_cost_curve(settings.strategy, draft_model is not None):
+                    report_and_keep("measuring the target's verify cost (once per model)", 95)  # after 90: monotonic
                 session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy, draft_model,
                                        max_draft=settings.max_draft, repo_index=self.index_for(settings),
                                        prompt_markers=markers, cost_key=cost_curve_key(**pair.target_identity()))
@@ -206,7 +206,7 @@ class ModelHost:
         needs_draft = needs_draft_model(settings.strategy)
         if needs_draft and plan.draft_model is None and settings.draft:
             return None
-        if needs_cost_curve(settings.strategy) and completer.session.cost_curve is None:
+        if needs_cost_curve(settings.strategy, plan.draft_model is not None) and completer.session.cost_curve is None:
             return None  # measured at load, while nothing generates
         session = completer.session
         try:

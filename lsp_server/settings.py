@@ -51,11 +51,13 @@ class Settings:
                                 "draft": "The draft model drafts (needs a draft).",
                                 "lookup": "Prompt lookup drafts: repeats of the text around the cursor.",
                                 "auto": "The repository index or prompt lookup when either finds a repeat, "
-                                        "otherwise the draft model.",
+                                        "otherwise the draft model (a chain or a tree, whichever this machine "
+                                        "verifies faster).",
                                 "repo": "The repository index drafts: what followed the text before the cursor in "
                                         "the workspace's other files (needs repoIndex).",
-                                "tree": "The draft model drafts token trees, sized for this machine from its "
-                                        "measured verify cost (needs a draft)."})
+                                "tree": "One token tree per step from the draft model, prompt lookup and the "
+                                        "repository index, sized for this machine from its measured verify cost "
+                                        "(needs a draft)."})
     dtype: str = setting("auto", "Target precision: auto is bf16 where the device computes it natively "
                          "(GPUs, CPUs with AVX512-BF16 or AMX), else fp32.",
                          choices=DTYPES, reload=True)
@@ -94,8 +96,8 @@ class Settings:
     adapters: bool = setting(True, "Use the workspace repository's LoRA draft adapter that `specdec finetune` "
                              "registered.", reload=True)
     repo_index: bool = setting(True, "Index the workspace's files (the fine-tune's file filter: no secrets, "
-                               "binaries, generated or vendored files) in the background, for the auto and repo "
-                               "strategies to draft from.", output=False)
+                               "binaries, generated or vendored files) in the background, for the auto, repo and "
+                               "tree strategies to draft from.", output=False)
     repo_index_max_tokens: int = setting(REPO_INDEX_MAX_TOKENS, "Token ids the repository index holds at most "
                                          "(about 8 bytes each at rest); files beyond it are not indexed.",
                                          min=100_000, max=REPO_INDEX_TOKENS_LIMIT, output=False)

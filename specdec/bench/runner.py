@@ -119,7 +119,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     session = completer.session
     stops = set(session.stop_token_ids)
     curve = None
-    if any(needs_cost_curve(s) for s in strategies):
+    if any(needs_cost_curve(s, draft is not None) for s in strategies):
         curve = target_cost_curve(session.target, cost_curve_key(**pair.target_identity()))
         print("target verify cost (ms per pass of n tokens): "
               + ", ".join(f"{n}: {1000 * t:.0f}" for n, t in zip(curve.tokens, curve.seconds)), flush=True)
@@ -165,13 +165,8 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
             row["peak_rss_mb"] = round(server_rss if server_rss is not None else peak_rss_mb())
             row["text"] = tokenizer.decode(tokens)
             rows.append(row)
-            shape = ""
-            if row.get("tree_passes") is not None and row.get("target_passes", 0) > 1:
-                drafting = row["target_passes"] - 1  # the prefill pass drafts nothing
-                shape = (f" tree: {row['drafted'] / drafting:.1f} nodes, {row['drafted_depth'] / drafting:.1f} deep "
-                         f"per pass, {row['tree_passes']}/{drafting} branched")
             print(f"  {hole.name:28} {strategy:12} {row['new_tokens']:3d} tok {row['seconds']:6.2f}s "
-                  f"{row['tokens_per_second']:5.2f} tok/s equal={row['equals_plain']}{shape}", flush=True)
+                  f"{row['tokens_per_second']:5.2f} tok/s equal={row['equals_plain']}{tree_note(row)}", flush=True)
 
     summary = summarize(rows, strategies)
     summary["machine_read_gbps"] = machine["read_gbps"]
@@ -207,15 +202,28 @@ def run_ours(session, drafter, strategy: str, prompt: list[int], previous: list[
     else:  # the previous keystroke's request, untimed, leaves the caches as a server would
         session.generate(previous, GenerationConfig(max_new_tokens=1))
     result = session.generate(prompt, config)
-    tokens, s = result.tokens, result.stats
-    row.update(seconds=s.seconds, new_tokens=len(tokens), mode="cold" if cold else "warm",
-               produced=s.produced, target_passes=s.target_passes, drafted=s.drafted, accepted=s.accepted,
-               acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass,
-               prefill_reused=s.prefill_reused, prefill_computed=s.prefill_computed,
-               prefill_seconds=s.prefill_seconds, draft_seconds=s.draft_seconds,
-               verify_seconds=s.verify_seconds, drafted_by=s.drafted_by, accepted_by=s.accepted_by,
-               drafted_depth=s.drafted_depth, tree_passes=s.tree_passes)
-    return tokens
+    row.update(stats_row(result.stats), new_tokens=len(result.tokens), mode="cold" if cold else "warm")
+    return result.tokens
+
+
+def stats_row(s) -> dict:
+    """A row's fields from one of our strategies' GenerationStats."""
+    return dict(seconds=s.seconds, produced=s.produced, target_passes=s.target_passes, drafted=s.drafted,
+                accepted=s.accepted, acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass,
+                prefill_reused=s.prefill_reused, prefill_computed=s.prefill_computed,
+                prefill_seconds=s.prefill_seconds, draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
+                drafted_by=s.drafted_by, accepted_by=s.accepted_by, drafted_depth=s.drafted_depth,
+                tree_passes=s.tree_passes)
+
+
+def tree_note(row: dict) -> str:
+    """What the drafts of one of our strategies looked like (`tree`, and `auto`, whose planner picks chains or
+    trees): nodes and depth per drafting pass, and how many passes branched. Empty for other rows."""
+    if row.get("tree_passes") is None or row.get("target_passes", 0) <= 1:
+        return ""
+    drafting = row["target_passes"] - 1  # the prefill pass drafts nothing
+    return (f" tree: {row['drafted'] / drafting:.1f} nodes, {row['drafted_depth'] / drafting:.1f} deep "
+            f"per pass, {row['tree_passes']}/{drafting} branched")
 
 
 def summarize(rows: list[dict], strategies: list[str]) -> dict:

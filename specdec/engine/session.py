@@ -68,7 +68,8 @@ class GenerationStats:
     seconds: float = 0.0
     drafted_by: dict[str, int] = field(default_factory=dict)
     accepted_by: dict[str, int] = field(default_factory=dict)
-    passes_by: dict[str, int] = field(default_factory=dict)  # target passes that verified a draft of that source
+    # target passes that verified a draft of that source (a merged tree's pass counts for each source in it)
+    passes_by: dict[str, int] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
@@ -165,9 +166,10 @@ class Session:
             if draft.tokens:
                 feedback = {"verdict": verdict} if draft.tree is not None else {}
                 self.drafter.observe(draft, verdict.accepted, t1 - t0, t2 - t1, **feedback)
-                stats.drafted_by[draft.source] = stats.drafted_by.get(draft.source, 0) + len(tree)
-                stats.accepted_by[draft.source] = stats.accepted_by.get(draft.source, 0) + verdict.accepted
-                stats.passes_by[draft.source] = stats.passes_by.get(draft.source, 0) + 1
+                for source, (drafted, accepted) in draft.credit(verdict.path).items():
+                    stats.drafted_by[source] = stats.drafted_by.get(source, 0) + drafted
+                    stats.accepted_by[source] = stats.accepted_by.get(source, 0) + accepted
+                    stats.passes_by[source] = stats.passes_by.get(source, 0) + 1
             stats.target_passes += 1
             stats.drafted += len(tree)
             stats.accepted += verdict.accepted

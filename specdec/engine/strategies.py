@@ -1,6 +1,8 @@
 """Strategy names -> drafters. `plain` is no drafter at all; `repo` is the repository index alone; `auto` is the
-repository index, then prompt lookup, then the draft model, each where it is worth most; `tree` is the draft
-model drafting token trees sized by Sequoia's program for this machine."""
+repository index, then prompt lookup, then the draft model, each where it is worth most, the draft model drafting
+a chain or a tree (or nothing) as Sequoia's program finds faster on this machine; `tree` merges the draft model's
+tree with prompt lookup's and the repository index's continuations into one tree per step, sized by that
+program."""
 
 from __future__ import annotations
 
@@ -8,14 +10,17 @@ from specdec.errors import SpecdecError
 
 STRATEGIES = ("plain", "draft", "lookup", "auto", "repo", "tree")  # importable without torch (the settings use it)
 DRAFT_MODEL_STRATEGIES = ("draft", "auto", "tree")  # the strategies that load a draft model (auto falls back to lookup)
-REPO_INDEX_STRATEGIES = ("repo", "auto")  # the strategies that use a repository index when one is given
-COST_CURVE_STRATEGIES = ("tree",)  # the strategies that plan with the target's measured cost curve
+REPO_INDEX_STRATEGIES = ("repo", "auto", "tree")  # the strategies that use a repository index when one is given
+COST_CURVE_STRATEGIES = ("tree", "auto")  # the strategies that plan with the target's measured cost curve
 TREE_POINTS = (1, 2, 4, 8, 12, 16, 24, 33)  # pass sizes the cost curve is measured at: up to MAX_DRAFT + 1
 
 
-def needs_cost_curve(strategy: str) -> bool:
-    """Whether a strategy's drafter needs the target's cost curve (measured at load, not mid-generation)."""
-    return strategy in COST_CURVE_STRATEGIES
+def needs_cost_curve(strategy: str, draft_model: bool = True) -> bool:
+    """Whether a strategy's drafter needs the target's cost curve (measured at load, not mid-generation).
+
+    draft_model: whether a draft model is loaded; `auto` plans only its draft model's drafts, so
+    without one it needs no curve."""
+    return strategy in COST_CURVE_STRATEGIES and (draft_model or strategy != "auto")
 
 
 def target_cost_curve(target_kv, key: str | None = None):
@@ -33,15 +38,16 @@ def needs_draft_model(strategy: str) -> bool:
 
 
 def uses_repo_index(strategy: str) -> bool:
-    """Whether a strategy drafts from a repository index (`repo` needs one; `auto` uses one if given)."""
+    """Whether a strategy drafts from a repository index (`repo` needs one; `auto` and `tree` use one if given)."""
     return strategy in REPO_INDEX_STRATEGIES
 
 
 def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_draft: int = 8, repo_index=None,
                  prompt_markers=None, cost_curve=None):
-    """repo_index: a RepoIndex for `repo` and `auto`; prompt_markers: the FIM format's PromptMarkers, so the index
-    matches the text before the cursor (without them it matches the context's raw tail); cost_curve: the
-    target's (target_cost_curve), needed by `tree`."""
+    """repo_index: a RepoIndex for `repo`, `auto` and `tree`; prompt_markers: the FIM format's PromptMarkers, so the
+    index matches the text before the cursor (without them it matches the context's raw tail); cost_curve: the
+    target's (target_cost_curve), needed by `tree`; with it `auto`'s draft model plans its drafts (without it,
+    or where the draft's attention takes no tree mask, it drafts chains)."""
     from specdec.engine.draft_length import DraftLength
     from specdec.engine.drafters.composite import Composite
     from specdec.engine.drafters.draft_model import DraftModel
@@ -56,12 +62,17 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
         raise SpecdecError(f"strategy {strategy!r} needs a draft model (--draft)")
     if strategy == "tree":
         from specdec.engine.drafters.draft_tree import DraftTree
+        from specdec.engine.drafters.lookup_tree import LookupTree
+        from specdec.engine.drafters.union_tree import UnionTree
         from specdec.engine.tree_plan import TreePlanner
 
         if cost_curve is None:
             raise SpecdecError("strategy 'tree' needs the target's measured cost curve (strategies.target_cost_curve)")
-        planner = TreePlanner(cost_curve, max_nodes=max_draft)
-        return DraftTree(draft_model, length=DraftLength(k_max=max_draft, adaptive=adaptive), planner=planner)
+        model = DraftTree(draft_model, length=DraftLength(k_max=max_draft, adaptive=adaptive))
+        # as in auto: beside a draft model, a lookup speaks only on a real repeat (it spends the tree's budget)
+        repo = None if repo_index is None else RepoDrafter(repo_index, min_match=4, markers=prompt_markers)
+        return UnionTree(model, TreePlanner(cost_curve, max_nodes=max_draft), LookupTree(max_ngram=4, min_ngram=3),
+                         repo)
     if strategy == "repo":
         if repo_index is None:
             raise SpecdecError("strategy 'repo' needs a repository index (the server's repoIndex setting)")
@@ -82,18 +93,39 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
     else:
         members.append(PromptLookup(max_ngram=4, min_ngram=3, length=DraftLength(
             k_max=max_draft, draft_cost=0.0, acceptance=0.6, adaptive=adaptive)))
-        members.append(DraftModel(draft_model, DraftLength(k_max=max_draft, adaptive=adaptive)))
+        members.append(_planned_draft(draft_model, DraftLength(k_max=max_draft, adaptive=adaptive), max_draft,
+                                      cost_curve))
     return Composite(*members)
+
+
+def _planned_draft(draft_model, length, max_draft: int, cost_curve):
+    """auto's draft-model member: with the target's cost curve, a DraftTree whose planner (Sequoia's program)
+    picks a chain where trees do not pay, a tree where they do, nothing where drafting does not; without one,
+    or where the draft's attention takes no tree mask, the chain drafter."""
+    from specdec.engine.drafters.draft_model import DraftModel
+    from specdec.engine.drafters.draft_tree import DraftTree
+    from specdec.engine.tree_attention import check_tree_attention
+    from specdec.engine.tree_plan import TreePlanner
+
+    if cost_curve is not None:
+        try:
+            check_tree_attention(draft_model)
+        except SpecdecError:
+            pass
+        else:
+            return DraftTree(draft_model, length=length, planner=TreePlanner(cost_curve, max_nodes=max_draft))
+    return DraftModel(draft_model, length)
 
 
 def make_session(target, tokenizer, strategy: str, draft_model=None, stop_token_ids=(), adaptive: bool = True,
                  max_draft: int = 8, repo_index=None, prompt_markers=None, cost_curve=None,
                  cost_key: str | None = None):
-    """cost_key: where `tree` caches the target's cost curve when none is given (cost_curve.cost_curve_key)."""
+    """cost_key: where `tree` (and `auto` with a draft model) caches the target's cost curve when none is given
+    (cost_curve.cost_curve_key)."""
     from specdec.engine.session import Session
 
     session = Session(target, tokenizer, None, stop_token_ids, strategy=strategy)
-    if needs_cost_curve(strategy) and cost_curve is None:
+    if needs_cost_curve(strategy, draft_model is not None) and cost_curve is None:
         cost_curve = target_cost_curve(session.target, cost_key)
     session.cost_curve = cost_curve
     session.drafter = make_drafter(strategy, draft_model, adaptive, max_draft, repo_index, prompt_markers, cost_curve)

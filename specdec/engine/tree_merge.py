@@ -26,19 +26,21 @@ class _Trie:
     def __init__(self, max_nodes: int | None):
         self.tokens: list[int] = []
         self.parents: list[int] = []
+        self.origins: list[int] = []  # per node: which input put it there
         self.index: dict[tuple[int, int], int] = {}
         self.max_nodes = max_nodes
 
     def full(self) -> bool:
         return self.max_nodes is not None and len(self.tokens) >= self.max_nodes
 
-    def child(self, parent: int, token: int) -> int | None:
-        """The node for token under parent, added if new and there is room (None if not)."""
+    def child(self, parent: int, token: int, origin: int = 0) -> int | None:
+        """The node for token under parent, added (credited to origin) if new and there is room (None if not)."""
         found = self.index.get((parent, token))
         if found is not None or self.full():
             return found
         self.tokens.append(token)
         self.parents.append(parent)
+        self.origins.append(origin)
         self.index[(parent, token)] = len(self.tokens) - 1
         return len(self.tokens) - 1
 
@@ -65,6 +67,12 @@ def union(trees: Sequence[TokenTree], max_nodes: int | None = None) -> TokenTree
     node order (a tree's first nodes are its best), so under a budget each tree keeps its best
     part; the first tree's candidates come first among siblings. Without a budget the union
     contains each tree's paths, so greedy verification accepts at least as much as on any of them."""
+    return union_origins(trees, max_nodes)[0]
+
+
+def union_origins(trees: Sequence[TokenTree], max_nodes: int | None = None) -> tuple[TokenTree, list[int]]:
+    """`union`, and per node of it the index of the tree that put it there (the first to reach it,
+    round-robin): what per-source statistics credit a merged node to."""
     out = _Trie(max_nodes)
     mapped: list[list[int | None]] = [[None] * len(t) for t in trees]
     for i in range(max((len(t) for t in trees), default=0)):
@@ -74,8 +82,8 @@ def union(trees: Sequence[TokenTree], max_nodes: int | None = None) -> TokenTree
             parent = tree.parents[i]
             at = ROOT if parent == ROOT else mapped[t][parent]
             if at is not None:  # the parent fitted
-                mapped[t][i] = out.child(at, tree.tokens[i])
-    return out.tree()
+                mapped[t][i] = out.child(at, tree.tokens[i], t)
+    return out.tree(), out.origins
 
 
 def prune_to_shape(tree: TokenTree, shape: TreeShape) -> TokenTree:

@@ -11,6 +11,7 @@ nothing, where branching or drafting does not pay on this machine.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from specdec.engine.acceptance import TreeVerdict
@@ -38,9 +39,9 @@ class TreePlanner:
     _plain_steps: int = field(default=0, repr=False)
 
     def plan(self, cap: int) -> TreeShape:
-        """The best shape of at most min(cap, max_nodes) nodes. Acceptance is rounded to 1e-2,
-        far below its own noise, so best_shape's cache answers most calls."""
-        rows = [[round(p, 2) for p in row] for row in self.acceptance.rows(PLANNED_DEPTHS)]
+        """The best shape of at most min(cap, max_nodes) nodes. Acceptance is rounded to 1e-2, far below its
+        own noise, so best_shape's cache answers most calls; down, so a row summing to 1 stays a law."""
+        rows = [[math.floor(p * 100 + 1e-9) / 100 for p in row] for row in self.acceptance.rows(PLANNED_DEPTHS)]
         nodes = max(0, min(cap, self.max_nodes))
         seconds = self.draft_level_seconds
         level = round(self.level_prior * self.cost(1) if seconds is None else seconds, 4)

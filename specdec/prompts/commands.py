@@ -109,8 +109,8 @@ def register(sub) -> None:
     p.add_argument("--col", type=int, required=True, help="1-based column (characters)")
     add_model_args(p)
     p.add_argument("--strategy", choices=STRATEGIES, default="auto")
-    p.add_argument("--repo", help="index this folder for the repository drafter (repo, auto); repo's default: the "
-                                  "file's git work tree (the file itself is not drafted from)")
+    p.add_argument("--repo", help="index this folder for the repository drafter (repo, auto, tree); repo's default: "
+                                  "the file's git work tree (the file itself is not drafted from)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-draft", type=int, default=8, help="cap on drafted tokens per target pass")
     p.add_argument("--temperature", type=float, default=0.0)

@@ -285,3 +285,61 @@ def test_token_tree_structure():
 def test_token_tree_validation(tokens, parents, probs, drawn):
     with pytest.raises(ValueError):
         TokenTree(tokens, parents, probs, drawn)
+
+
+LOOKUP = (0, 1)  # a lookup's continuation: token 0 (which q never proposes) then 1
+
+
+def merged_tree(laws, gen: torch.Generator, keep_q: bool = False) -> tuple[TokenTree, torch.Tensor]:
+    """A sampled draft (the root's 2 children and one child each, drawn from q with replacement) merged with
+    the lookup's chain as tree_merge.union merges them: one trie, every position deterministic. keep_q: the
+    wrong merge, which keeps the draft's q (and its sampled rule) at positions holding a lookup token."""
+    from specdec.engine.tree_merge import union
+
+    p_root, q_root, p_after, q_after, p_deeper = laws
+    tokens, parents = [], []
+    for a in _draw_children(q_root, 2, WITH_REPLACEMENT, gen):
+        tokens.append(a)
+        parents.append(ROOT)
+        tokens.append(_draw_children(q_after[a], 1, WITH_REPLACEMENT, gen)[0])
+        parents.append(len(tokens) - 2)
+    sampled = TokenTree(tokens, parents, torch.zeros(len(tokens) + 1, V), WITH_REPLACEMENT)
+    tree = union([sampled, TokenTree(list(LOOKUP), [ROOT, 0])])
+    q_rows, p_rows = [q_root], [p_root]
+    for i, token in enumerate(tree.tokens):
+        first = tree.tokens[tree.parents[i]] if tree.parents[i] != ROOT else None
+        q_rows.append(q_after[token] if first is None else torch.zeros(V))
+        p_rows.append(p_after[token] if first is None else p_deeper[first, token])
+    if keep_q:
+        tree = TokenTree(tree.tokens, tree.parents, torch.stack(q_rows), WITH_REPLACEMENT)
+    return tree, torch.stack(p_rows)
+
+
+def merged_pairs(keep_q: bool, n: int = N) -> torch.Tensor:
+    laws = _laws()
+    gen = torch.Generator().manual_seed(1)
+    counts = torch.zeros(V, V)
+    for _ in range(n):
+        tree, target_probs = merged_tree(laws, gen, keep_q)
+        v = verify_tree_probabilities(tree, target_probs, gen)
+        stream = v.accepted_tokens + [v.next_token]
+        if len(stream) < 2:
+            stream.append(int(torch.multinomial(laws[2][stream[0]], 1, generator=gen)))
+        counts[stream[0], stream[1]] += 1
+    return counts
+
+
+def test_merged_sampled_and_lookup_children_follow_p():
+    """The union's positions mix a sampled draft's children with a lookup's (deterministic) ones; the
+    deterministic rule at every merged position (accept x with p(x), else zero p(x), renormalise) is exact."""
+    tree, _ = merged_tree(_laws(), torch.Generator().manual_seed(0))
+    assert LOOKUP[0] in [tree.tokens[c] for c in tree.children(ROOT)] and set(tree.drawn) == {DETERMINISTIC}
+    first, joint = pvalues(merged_pairs(keep_q=False))
+    assert first > ALPHA and joint > ALPHA, (first, joint)
+
+
+def test_keeping_the_drafts_q_at_a_merged_position_fails_the_same_test():
+    """Negative control: judged by the sampled rule with the draft's q, the lookup's token 0 (q(0) = 0) is
+    always accepted, so the output over-weights it."""
+    first, joint = pvalues(merged_pairs(keep_q=True))
+    assert min(first, joint) < 1e-4, (first, joint)

@@ -16,7 +16,7 @@ from specdec.engine.tree import (
     WITHOUT_REPLACEMENT,
     TokenTree,
 )
-from specdec.engine.tree_merge import prune_to_shape, trie, union
+from specdec.engine.tree_merge import prune_to_shape, trie, union, union_origins
 from specdec.engine.tree_shape import TreeShape
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -92,6 +92,16 @@ def test_union_under_a_budget_takes_each_trees_best_nodes_in_turn():
     merged = union([a, b], max_nodes=4)
     assert token_paths(merged) == {(1,), (1, 2), (5,), (5, 6)}
     assert len(union([a, b], max_nodes=0)) == 0
+
+
+def test_union_credits_each_node_to_the_tree_that_put_it_there():
+    a = TokenTree([1, 2, 3], [ROOT, 0, 1])  # a chain 1 2 3
+    b = TokenTree([1, 4, 5], [ROOT, 0, ROOT])  # 1 4 and 5
+    merged, origins = union_origins([a, b])
+    assert merged.tokens == [1, 2, 4, 3, 5] and origins == [0, 0, 1, 0, 1]  # 1 is a's: a comes first in turn
+    assert union_origins([b, a])[1][merged.tokens.index(1)] == 0 and union_origins([])[1] == []
+    small, kept = union_origins([a, b], max_nodes=3)
+    assert small.tokens == [1, 2, 4] and kept == [0, 0, 1]
 
 
 def test_pruning_to_a_shape_keeps_the_rank_paths_and_their_rows():

@@ -8,6 +8,7 @@ import pytest
 from specdec.engine.acceptance import TreeVerdict
 from specdec.engine.cost_curve import CostCurve
 from specdec.engine.drafters.draft_tree import DraftTree
+from specdec.engine.drafters.union_tree import UnionTree
 from specdec.engine.sampling import SamplingConfig
 from specdec.engine.session import GenerationConfig, greedy_reference
 from specdec.engine.strategies import (
@@ -63,6 +64,19 @@ def test_the_plan_respects_the_cap_and_the_session_budget():
     assert len(planner.plan(0)) == 0
 
 
+def test_a_row_that_sums_to_one_is_not_rounded_past_it():
+    """A draft that is nearly always right: 0.866 + 0.044 + ... = 1 rounds (to nearest) to 1.01, which the
+    program refuses; the planner rounds down."""
+
+    class Rows:
+        def rows(self, depths):
+            return [[0.866, 0.044, 0.034, 0.024, 0.016, 0.006, 0.005, 0.005]] * depths
+
+    assert sum(round(p, 2) for p in Rows().rows(1)[0]) > 1.0
+    shape = TreePlanner(FLAT, Rows(), max_nodes=8, draft_level_seconds=0.0001).plan(8)
+    assert len(shape) == 8
+
+
 def test_draft_level_cost_is_learnt_from_timings_and_starts_from_a_prior():
     planner = TreePlanner(CPU, trained([0.8, 0.1]))
     planner.plan(8)
@@ -88,13 +102,58 @@ def test_the_drafter_fills_the_planned_shape_cut_to_the_sessions_budget(target, 
 
 
 def test_the_tree_strategy_needs_a_draft_model_and_a_cost_curve(target):
-    assert needs_draft_model("tree") and needs_cost_curve("tree") and not needs_cost_curve("auto")
+    assert needs_draft_model("tree") and needs_cost_curve("tree") and not needs_cost_curve("auto", draft_model=False)
     with pytest.raises(SpecdecError, match="needs a draft model"):
         make_drafter("tree", None, cost_curve=CPU)
     with pytest.raises(SpecdecError, match="cost curve"):
         make_drafter("tree", target)
     drafter = make_drafter("tree", target, max_draft=5, cost_curve=CPU)
-    assert isinstance(drafter, DraftTree) and drafter.planner.max_nodes == 5
+    assert isinstance(drafter, UnionTree) and drafter.planner.max_nodes == 5
+    assert isinstance(drafter.model, DraftTree) and drafter.model.planner is None  # one planner: the union's
+    assert drafter.repo is None and drafter.lookup.min_ngram == 3  # no index given; lookups on a real repeat
+
+
+def test_auto_plans_its_draft_model_with_the_cost_curve_and_drafts_chains_without_one(target):
+    from specdec.engine.drafters.draft_model import DraftModel
+
+    assert needs_cost_curve("auto") and not needs_cost_curve("auto", draft_model=False)
+    member = make_drafter("auto", target, max_draft=6, cost_curve=CPU).members()[-1]
+    assert isinstance(member, DraftTree) and member.planner.cost is CPU and member.planner.max_nodes == 6
+    chain = make_drafter("auto", target).members()[-1]  # no curve (a caller that measured none): chains
+    assert type(chain) is DraftModel
+
+
+def test_auto_drafts_chains_where_the_drafts_attention_takes_no_tree_mask(target, monkeypatch):
+    from specdec.engine.drafters.draft_model import DraftModel
+
+    monkeypatch.setattr(target.config, "_attn_implementation", "flash_attention_2")
+    assert type(make_drafter("auto", target, cost_curve=CPU).members()[-1]) is DraftModel
+    with pytest.raises(SpecdecError, match="custom mask"):
+        make_drafter("tree", target, cost_curve=CPU)
+
+
+BIG_FLAT = CostCurve((1, 64), (1.0, 1.1))  # a big target on a GPU: the tiny draft's levels cost ~nothing beside it
+BIG_STEEP = CostCurve((1, 2, 33), (1.0, 2.0, 33.0))  # every verified token costs a full pass
+
+
+@pytest.mark.parametrize("curve", [BIG_STEEP, BIG_FLAT], ids=["steep", "flat"])
+def test_auto_picks_a_chain_or_a_tree_as_the_cost_curve_says_and_stays_plain_greedy(target, tok, curve):
+    session = make_session(target, tok, "auto", target, cost_curve=curve)  # the draft is the target: always right
+    planner = session.drafter.members()[-1].planner
+    plans = []
+    plan = planner.plan
+    planner.plan = lambda cap: plans.append(plan(cap)) or plans[-1]
+    branched = drafted = 0
+    for text in ("def add(a, b):\n    return", "class Point:\n    def", "for i in range(10):\n  "):
+        prompt = tok.encode(text)
+        out = session.generate(prompt, GenerationConfig(max_new_tokens=20, sampling=SamplingConfig(temperature=0)))
+        assert out.tokens == greedy_reference(target, prompt, 20, {tok.eos_token_id})
+        branched, drafted = branched + out.stats.tree_passes, drafted + out.stats.drafted_by.get("draft-tree", 0)
+    assert drafted > 0 and plans
+    if curve is BIG_STEEP:
+        assert branched == 0 and all(p.is_chain for p in plans if len(p))
+    else:
+        assert branched > 0 and any(not p.is_chain for p in plans)
 
 
 def test_tree_strategy_equals_plain_greedy_and_its_planner_learns(target, unrelated_draft, tok):

@@ -264,7 +264,9 @@ def test_first_run_pulls_catalog_models_with_progress_then_loads(tmp_path, monke
     assert pulled == [DEFAULT_TARGET, DEFAULT_DRAFT]
     percents = [p for _, p in reports]
     assert percents == sorted(percents) and percents[-1] < 100  # monotonic, then the session is built
-    assert reports[0][0] == f"downloading {DEFAULT_TARGET} part 1/3" and "loading target" in reports[-2][0]
+    assert reports[0][0] == f"downloading {DEFAULT_TARGET} part 1/3" and "loading target" in reports[-3][0]
+    # auto with a draft model plans its drafts with the target's cost curve: measured at load, reported last
+    assert reports[-1][0].startswith("measuring the target's verify cost") and host.completer.session.cost_curve
     host.load(settings)  # now cached: nothing pulled again
     assert pulled == [DEFAULT_TARGET, DEFAULT_DRAFT]
 

@@ -27,14 +27,31 @@ class Draft:
     probs: torch.Tensor | None = None  # [len(tokens), vocab] or None for one-hot proposals (chains only)
     source: str = ""  # which drafter produced it (the composite reports its member)
     tree: TokenTree | None = None  # None: the tokens are a chain
+    sources: list[str] | None = None  # a merged tree's: per node, the source that proposed it (None: all `source`)
 
     def __post_init__(self) -> None:
         if self.tree is not None and (list(self.tokens) != self.tree.tokens or self.probs is not None):
             raise ValueError("a tree draft's tokens are its tree's, and its q lives in tree.child_probs")
+        if self.sources is not None and len(self.sources) != len(self.tokens):
+            raise ValueError(f"{len(self.sources)} node sources for {len(self.tokens)} drafted tokens")
 
     @classmethod
-    def of_tree(cls, tree: TokenTree, source: str = "") -> Draft:
-        return cls(list(tree.tokens), None, source, tree)
+    def of_tree(cls, tree: TokenTree, source: str = "", sources: list[str] | None = None) -> Draft:
+        return cls(list(tree.tokens), None, source, tree, sources)
+
+    def credit(self, path: list[int]) -> dict[str, tuple[int, int]]:
+        """{source: (nodes drafted, nodes accepted)} given the accepted path (node indices): per
+        node for a merged tree, else everything to `source`. The per-source statistics read this."""
+        if self.sources is None:
+            return {self.source: (len(self.tokens), len(path))} if self.tokens else {}
+        out: dict[str, tuple[int, int]] = {}
+        for source in self.sources:
+            drafted, accepted = out.get(source, (0, 0))
+            out[source] = (drafted + 1, accepted)
+        for node in path:
+            drafted, accepted = out[self.sources[node]]
+            out[self.sources[node]] = (drafted, accepted + 1)
+        return out
 
     def as_tree(self) -> TokenTree:
         """What the target verifies: the tree, or the chain as its one-branch tree."""

@@ -121,12 +121,8 @@ class DraftTree(DraftModel):
             expand = [i for i in level if offered[i + 1]]
             if not expand:
                 continue
-            first_slot = len(self.kv.tree_tokens)
-            rows = self.kv.extend_tree([tokens[i] for i in expand],
-                                       [ROOT if parents[i] == ROOT else slots[parents[i]] for i in expand])
-            beliefs = self._belief(rows, sampling)
+            beliefs = self._run_level(expand, tokens, parents, slots, sampling)
             for j, i in enumerate(expand):
-                slots[i] = first_slot + j
                 ranked[i] = torch.topk(beliefs[j], offered[i + 1]).indices.tolist()
         return TokenTree(tokens, parents), slots
 
@@ -159,12 +155,8 @@ class DraftTree(DraftModel):
             frontier = [i for i in sorted(level, key=lambda i: -scores[i])[: limits.width] if scores[i] >= floor]
             if not frontier:
                 break
-            first_slot = len(self.kv.tree_tokens)
-            rows = self.kv.extend_tree([tokens[i] for i in frontier],
-                                       [ROOT if parents[i] == ROOT else slots[parents[i]] for i in frontier])
-            beliefs = self._belief(rows, sampling)
+            beliefs = self._run_level(frontier, tokens, parents, slots, sampling)
             for j, i in enumerate(frontier):
-                slots[i] = first_slot + j
                 add_children(beliefs[j], i, scores[i], depth + 1)
 
         # best first; on a tie the shallower (an ancestor) first, so the kept set is a tree
@@ -178,6 +170,17 @@ class DraftTree(DraftModel):
         node = {c: n for n, c in enumerate(chosen)}
         tree = TokenTree([tokens[c] for c in chosen], [ROOT if parents[c] == ROOT else node[parents[c]] for c in chosen])
         return tree, [slots[c] for c in chosen]
+
+    def _run_level(self, nodes: list[int], tokens: list[int], parents: list[int], slots: list[int | None],
+                   sampling: SamplingConfig) -> torch.Tensor:
+        """One draft pass over a level's `nodes` (their parents already run): records each node's
+        slot in the draft cache's tree region and returns the draft's beliefs after them, one row each."""
+        first_slot = len(self.kv.tree_tokens)
+        rows = self.kv.extend_tree([tokens[i] for i in nodes],
+                                   [ROOT if parents[i] == ROOT else slots[parents[i]] for i in nodes])
+        for j, i in enumerate(nodes):
+            slots[i] = first_slot + j
+        return self._belief(rows, sampling)
 
     def observe(self, draft: Draft, accepted: int, draft_seconds: float, target_pass_seconds: float,
                 verdict=None) -> None:
