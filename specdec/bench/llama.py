@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -76,6 +78,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies, however it dies (a killed
+    benchmark would otherwise leave llama-servers holding a GB each)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 @dataclass
 class LlamaServer:
     """One `llama-server` process: plain, with a draft model (`-md`), or with n-gram speculation."""
@@ -94,7 +105,8 @@ class LlamaServer:
         cmd = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
                "-t", str(self.threads), "-c", str(self.context), "-np", "1", "--no-webui", *self.extra]
         self.log = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
+                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

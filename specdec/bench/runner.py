@@ -219,8 +219,8 @@ def stats_row(s) -> dict:
 def tree_note(row: dict) -> str:
     """What the drafts of one of our strategies looked like (`tree`, and `auto`, whose planner picks chains or
     trees): nodes and depth per drafting pass, and how many passes branched. Empty for other rows."""
-    if row.get("tree_passes") is None or row.get("target_passes", 0) <= 1:
-        return ""
+    if row.get("tree_passes") is None or row.get("target_passes", 0) <= 1 or row.get("strategy") == "plain":
+        return ""  # not ours, a single pass, or no drafter at all
     drafting = row["target_passes"] - 1  # the prefill pass drafts nothing
     return (f" tree: {row['drafted'] / drafting:.1f} nodes, {row['drafted_depth'] / drafting:.1f} deep "
             f"per pass, {row['tree_passes']}/{drafting} branched")
