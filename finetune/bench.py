@@ -1,4 +1,5 @@
 """`specdec bench --finetune REPO`: does a repository's adapter make speculation faster on its held-out files?
+(`specdec bench --repo PKG`, which sets the adapter beside the repository index, registers here: repo_bench.py.)
 
 Fine-tunes the draft on the repository (held-out files excluded, time-budgeted), then
 runs the engine benchmark on the held-out files twice, with the base draft and with the
@@ -18,11 +19,11 @@ from specdec_finetune.run import finetune_repo
 from specdec_finetune.run import register as register_finetune
 
 
-def _finetune_args(args, **overrides) -> Namespace:
+def _finetune_args(args, repo: str | None = None, **overrides) -> Namespace:
     """`specdec finetune REPO`'s own defaults (one source of truth), with the bench's models and time budget."""
     parser = ArgumentParser()
     register_finetune(parser.add_subparsers())
-    ft_args = parser.parse_args(["finetune", args.finetune, "--target", args.target, "--draft", args.draft,
+    ft_args = parser.parse_args(["finetune", str(repo or args.finetune), "--target", args.target, "--draft", args.draft,
                                  "--dtype", args.dtype, "--max-minutes", str(args.max_minutes),
                                  "--draft-quant", args.draft_quant, "--device", getattr(args, "device", "auto")])
     for key, value in overrides.items():
@@ -38,8 +39,12 @@ def register(parser):
     parser.add_argument("--objective", default="distill",
                         help="--finetune: training objective; a comma list (distill,lm,mixed,argmax,tvd) compares "
                              "them instead, --max-minutes each")
-    parser.add_argument("--max-minutes", type=float, default=30.0, help="--finetune: training time budget")
-    return lambda args: run(args) if args.finetune else None
+    parser.add_argument("--max-minutes", type=float, default=30.0,
+                        help="--finetune, --repo: training time budget (per package)")
+    from specdec_finetune import repo_bench
+
+    run_repo = repo_bench.register(parser)
+    return lambda args: run(args) if args.finetune else run_repo(args)
 
 
 def run(args) -> int:

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.repository.files import FileSelection
+from specdec.repository.files import HOLDOUT, FileSelection, split_heldout
 from specdec.prompts import fim
 from specdec.prompts.languages import EXTENSIONS, parser_for
 
@@ -41,14 +41,13 @@ class Split:
         return {"train": count(self.train), "heldout": count(self.heldout)}
 
 
-def split_files(selection: FileSelection, holdout: float = 0.1, seed: int = 0) -> Split:
-    files = [SourceText(rel.as_posix(), EXTENSIONS.get(rel.suffix.lower(), "plaintext"),
-                        (selection.root / rel).read_text(encoding="utf-8", errors="replace"))
-             for rel in selection.files]
-    order = sorted(files, key=lambda f: f.path)
-    random.Random(seed).shuffle(order)
-    n_heldout = min(len(order) - 1, max(1, round(len(order) * holdout))) if len(order) > 1 and holdout > 0 else 0
-    return Split(train=order[n_heldout:], heldout=order[:n_heldout])
+def split_files(selection: FileSelection, holdout: float = HOLDOUT, seed: int = 0) -> Split:
+    def read(rel: Path) -> SourceText:
+        return SourceText(rel.as_posix(), EXTENSIONS.get(rel.suffix.lower(), "plaintext"),
+                          (selection.root / rel).read_text(encoding="utf-8", errors="replace"))
+
+    train, heldout = split_heldout(selection.files, holdout, seed)
+    return Split(train=[read(rel) for rel in train], heldout=[read(rel) for rel in heldout])
 
 
 def node_spans(language: str, text: str) -> list[tuple[int, int]]:

@@ -334,8 +334,10 @@ def cpu_seconds() -> float:
     return times.user + times.system
 
 
-def refresh(job: OnlineJob, report=lambda message: None, on_step=None) -> dict:
+def refresh(job: OnlineJob, report=lambda message: None, on_step=None, registry=None) -> dict:
     """Train, score before and after, register if not worse. Returns the outcome the server records.
+    `registry`: where the workspace's adapter is continued from and the new one goes (default: the user's;
+    `specdec bench --repo` passes a private one).
 
     One model at a time: the target (only when there are edited files) labels their samples and is freed,
     then the draft is loaded, scored, trained and scored again."""
@@ -385,7 +387,7 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None) -> dict:
             param.data = param.data.to(torch.bfloat16)
     release_memory()
     key, remote, commit = repo_identity(root)
-    registry = Registry()
+    registry = registry or Registry()
     previous = registry.latest(key)
     if previous is not None and previous.base_draft_hash != draft_hash:
         previous = None  # made for another draft: the server does not serve it, so start afresh

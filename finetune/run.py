@@ -10,7 +10,7 @@ from pathlib import Path
 from specdec_adapters.registry import AdapterMeta, Registry, repo_identity
 from specdec_finetune.dataset import SampleBuilder, split_files
 from specdec_finetune.evaluate import as_served, holes_for, measure
-from specdec.repository.files import select
+from specdec.repository.files import HOLDOUT, select
 from specdec_finetune.train import OBJECTIVES, TrainConfig, discard_checkpoint, train
 from specdec.prompts import fim
 from specdec.errors import SpecdecError
@@ -155,7 +155,7 @@ def register(sub) -> None:
     p.add_argument("--max-steps", type=int, default=200)
     p.add_argument("--max-minutes", type=float, default=30.0)
     p.add_argument("--max-tokens", type=int, default=0)
-    p.add_argument("--holdout", type=float, default=0.1, help="fraction of files held out (by file)")
+    p.add_argument("--holdout", type=float, default=HOLDOUT, help="fraction of files held out (by file)")
     p.add_argument("--eval-holes", type=int, default=3, help="FIM holes per held-out file")
     p.add_argument("--eval-tokens", type=int, default=32)
     p.add_argument("--eval-temperature", type=float, default=0.0,

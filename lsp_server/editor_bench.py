@@ -5,6 +5,15 @@ with a few lines cut out, then re-types them keystroke by keystroke with seeded,
 human-like pauses. Like VS Code, the client asks for an inline completion after every
 keystroke and sends `$/cancelRequest` for the previous one if it is still pending.
 The server runs with a private metrics file, read afterwards for per-request detail.
+
+Then the same keystrokes are replayed against llama.cpp's `llama-server /infill` on the target's
+GGUF (lsp_server.editor_llama: llama.vim's requests, cancelled on each keystroke, the same text
+window and token budget), and one table sets the two side by side. Skipped, with the install
+command, when llama.cpp is missing; `--editor-servers specdec` runs ours alone.
+
+`--repo DIR` (or a pinned package) types into the repository's held-out files instead (the fine-tune's
+split), in a workspace holding its other files, against `specdec serve` twice: without its repository
+index, then with it built over the workspace, so the two model-request p50s come from one run.
 """
 
 from __future__ import annotations
@@ -18,13 +27,20 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lsprotocol import types
 
+from lsp_server import editor_llama
+from lsp_server.llama_anchor import InfillRules
 from lsp_server.metrics import load_records, percentile
+from lsp_server.settings import Settings, SettingsError
+from specdec.bench import llama
 from specdec.bench.workload import SOURCES, fetch
+from specdec.errors import SpecdecError
+
+SERVERS = ("specdec", "llama")
 
 
 @dataclass
@@ -126,18 +142,22 @@ class Replay:
         return msg_id, asyncio.ensure_future(send())
 
 
-async def replay_all(args, sessions: list[TypingSession], workdir: Path) -> tuple[list[ClientRecord], dict]:
+async def replay_all(args, sessions: list[TypingSession], workdir: Path, workspace: Path | None = None,
+                     uris: list[str] | None = None, options: dict | None = None) -> tuple[list[ClientRecord], dict]:
+    """Type the sessions into one `specdec serve` whose state lives in workdir/state. workspace: the folder the
+    server opens (default: workdir); uris: each session's document (default: new files in workdir); options:
+    settings over the bench's. With `repoIndex` on, typing starts once the index of the workspace is built."""
     from pygls.lsp.client import LanguageClient
 
     env = {**os.environ, "SPECDEC_STATE_DIR": str(workdir / "state")}
     client = LanguageClient("specdec-editor-bench", "1.0")
     await client.start_io(sys.executable, "-m", "specdec.cli", "serve", env=env)
-    options = {"target": args.target, "draft": args.draft, "dtype": args.dtype, "draftQuant": args.draft_quant,
-               "maxNewTokens": args.max_new_tokens, "maxDraft": args.max_draft}
+    options = {**server_options(args), **(options or {})}
+    folder = workspace or workdir
     await client.initialize_async(types.InitializeParams(
         capabilities=types.ClientCapabilities(window=types.WindowClientCapabilities(work_done_progress=False)),
-        initialization_options=options, root_uri=workdir.as_uri(),
-        workspace_folders=[types.WorkspaceFolder(workdir.as_uri(), "bench")]))
+        initialization_options=options, root_uri=folder.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(folder.as_uri(), "bench")]))
     client.initialized(types.InitializedParams())
     while True:  # models load in the background; wait so typing meets a ready server
         stats = await client.protocol.send_request_async("specdec/stats", {})
@@ -146,16 +166,45 @@ async def replay_all(args, sessions: list[TypingSession], workdir: Path) -> tupl
         await asyncio.sleep(0.5)
     if stats.model.state == "failed":
         raise RuntimeError(f"server could not load the models: {stats.model.error}")
+    if options.get("repoIndex"):
+        index = await wait_for_index(client)
+        print(f"  repository index: {index.files} files, {index.tokens} tokens, built in {index.build_seconds:.1f} s",
+              flush=True)
     records: list[ClientRecord] = []
     for n, session in enumerate(sessions):
         print(f"  typing {len(session.typed)} characters of {session.language} ({session.path})", flush=True)
         replay = Replay(client, session.language)
-        await replay.run(session, (workdir / f"{n}-{session.path}").as_uri(), seed=n)
+        await replay.run(session, uris[n] if uris else (workdir / f"{n}-{session.path}").as_uri(), seed=n)
         records.extend(replay.records)
+    stats = await client.protocol.send_request_async("specdec/stats", {})  # after the typing: the index included
     await client.shutdown_async(None)
     client.exit(None)
     await client.stop()
-    return records, json.loads(json.dumps(stats, default=lambda o: o._asdict() if hasattr(o, "_asdict") else str(o)))
+    return records, plain(stats)
+
+
+def plain(value):
+    """pygls's nested namedtuples as JSON-ready dicts and lists (json.dumps would write a namedtuple as a list)."""
+    if hasattr(value, "_asdict"):
+        return {k: plain(v) for k, v in value._asdict().items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+async def wait_for_index(client, timeout: float = 3600.0):
+    """The server's repository index stats once its build is done (RuntimeError if it failed or never ends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        index = (await client.protocol.send_request_async("specdec/stats", {})).repo_index
+        if index.state == "ready" and index.files:
+            return index
+        if index.state in ("failed", "off"):
+            raise RuntimeError(f"the repository index is {index.state}: {getattr(index, 'last_error', '')}")
+        await asyncio.sleep(0.5)
+    raise RuntimeError("the repository index was not built in time")
 
 
 def summarize(client_records: list[ClientRecord], server_records: list[dict]) -> dict:
@@ -209,33 +258,166 @@ def print_table(summary: dict) -> None:
 
 
 def register(parser):
-    """`specdec bench --editor` and its flags; the runner answers None unless --editor was given."""
+    """`specdec bench --editor` and its flags (`--repo DIR` is the bench's); the runner answers None unless --editor
+    was given."""
     parser.add_argument("--editor", action="store_true",
-                        help="latency benchmark instead: replay typing sessions against `specdec serve` over stdio")
+                        help="latency benchmark instead: replay typing sessions against `specdec serve` over stdio "
+                             "and against llama.cpp's llama-server /infill")
     parser.add_argument("--sessions", type=int, default=0,
                         help="--editor: at most this many typing sessions (0: all)")
+    parser.add_argument("--editor-servers", default=",".join(SERVERS),
+                        help="--editor: comma-separated, which servers to replay against: specdec, llama")
     return lambda args: run(args) if args.editor else None
 
 
+def server_options(args) -> dict:
+    """The initializationOptions `specdec serve` gets: the command line's models and budgets."""
+    options = {"target": args.target, "draft": args.draft, "dtype": args.dtype, "draftQuant": args.draft_quant,
+               "maxNewTokens": args.max_new_tokens, "maxDraft": args.max_draft}
+    if getattr(args, "target_quant", None):
+        options["targetQuant"] = args.target_quant
+    return options
+
+
+def replay_llama(args, sessions: list[TypingSession]) -> tuple[list[editor_llama.LlamaRecord], dict] | None:
+    """The same keystrokes against llama-server /infill on the target's GGUF; None (said why) if it cannot run."""
+    from specdec.models.store import target_gguf
+
+    try:
+        settings = Settings().update(server_options(args))
+    except SettingsError as exc:
+        raise SpecdecError(str(exc)) from None
+    binary = llama.find_server()
+    if binary is None:
+        print(f"llama.cpp is not installed: skipping the llama-server replay. Install it with:\n  "
+              f"{llama.INSTALL_HINT}", flush=True)
+        return None
+    gguf = target_gguf(settings.target)
+    if gguf is None:
+        print(f"no GGUF for {settings.target}: skipping the llama-server replay", flush=True)
+        return None
+    rules = InfillRules.load(settings)
+    print(f"{len(sessions)} typing sessions against llama-server /infill ({gguf.name}; {settings.max_new_tokens} "
+          f"tokens, prompt window {settings.max_prefix_tokens}/{settings.max_suffix_tokens} tokens)", flush=True)
+    records: list[editor_llama.LlamaRecord] = []
+    with llama.LlamaServer(binary, gguf) as server:
+        for n, session in enumerate(sessions):
+            print(f"  typing {len(session.typed)} characters of {session.language} ({session.path})", flush=True)
+            replay = editor_llama.LlamaReplay(server.port, rules, session.language)
+            asyncio.run(replay.run(session.before, session.typed, session.after,
+                                   keystroke_delays(session.typed, seed=n)))
+            records.extend(replay.records)
+        peak = server.peak_rss_mb()
+    return records, {"gguf": str(gguf), "peak_rss_mb": peak}
+
+
+def repo_sessions(spec: str, limit: int, workspace: Path) -> tuple[list[TypingSession], list[str], dict]:
+    """Typing sessions in the held-out files of a repository (a folder or a pinned package), the split the fine-tune
+    uses, and a copy of its other files in `workspace`: the server indexes those, and the typed file is one it has
+    never seen. Returns the sessions, their documents' URIs (new files of the workspace) and what was chosen."""
+    import shutil
+
+    from specdec.bench.workload import SourceFile, repo_root
+    from specdec.prompts.languages import EXTENSIONS
+    from specdec.repository.files import select, split_heldout
+
+    root = repo_root(spec)
+    selection = select(root)
+    train, heldout = split_heldout(selection.files)
+    for rel in train:
+        (workspace / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, workspace / rel)
+    sessions, uris = [], []
+    for rel in heldout:
+        text = (root / rel).read_text(encoding="utf-8", errors="replace")
+        source = SourceFile(EXTENSIONS.get(rel.suffix.lower(), "plaintext"), "local", f"repo:{rel.as_posix()}",
+                            rel.as_posix(), "", "")
+        try:
+            sessions.append(TypingSession.from_source(source, text))
+        except IndexError:  # too short to cut a few lines from
+            continue
+        uris.append((workspace / rel).as_uri())
+        if limit and len(sessions) == limit:
+            break
+    if not sessions:
+        raise SpecdecError(f"--repo {spec}: none of its {len(heldout)} held-out files is long enough to type in")
+    return sessions, uris, {"repo": spec, "root": str(root), "indexed_files": len(train),
+                            "heldout_files": [rel.as_posix() for rel in heldout]}
+
+
+def run_repo(args) -> int:
+    """The replay in a repository's held-out files against `specdec serve`, without and then with the server's index
+    of its other files (llama-server has no repository index: not replayed here)."""
+    specs = [p.strip() for v in args.repo for p in v.split(",") if p.strip()]
+    if len(specs) != 1:
+        raise SpecdecError("--editor --repo takes one folder or pinned package")
+    runs, requests, indexes = {}, {}, {}
+    with tempfile.TemporaryDirectory(prefix="specdec-editor-") as tmp:
+        workspace = Path(tmp) / "workspace"
+        sessions, uris, chosen = repo_sessions(specs[0], args.sessions, workspace)
+        print(f"{len(sessions)} typing sessions in held-out files of {specs[0]} ({chosen['indexed_files']} other "
+              f"files in the workspace) against `specdec serve` ({args.target}, draft {args.draft})", flush=True)
+        for label, index in (("no index", False), ("index", True)):
+            print(f"\n== {label}", flush=True)
+            workdir = Path(tmp) / label.replace(" ", "-")
+            workdir.mkdir()
+            client_records, final_stats = asyncio.run(replay_all(args, sessions, workdir, workspace, uris,
+                                                                 {"repoIndex": index}))
+            requests[label] = load_records(workdir / "state" / "metrics.jsonl")
+            runs[label] = summarize(client_records, requests[label])
+            indexes[label] = final_stats.get("repo_index")
+    for label, summary in runs.items():
+        print(f"\n{label}:", end="")
+        print_table(summary)
+    before, after = runs["no index"]["(all)"]["model_p50_ms"], runs["index"]["(all)"]["model_p50_ms"]
+    if before and after:
+        print(f"\nmodel-request p50: {before:.0f} ms without the index, {after:.0f} ms with it "
+              f"({after / before - 1:+.0%})")
+    out = Path(args.output if args.output != "bench-results/bench.json" else "bench-results/editor-repo.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"repo": chosen, "runs": runs, "repo_index": indexes, "options": server_options(args),
+                               "sessions": [{"language": s.language, "file": uri, "typed": s.typed}
+                                            for s, uri in zip(sessions, uris)],
+                               "requests": requests}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
 def run(args) -> int:
+    if getattr(args, "repo", None):
+        return run_repo(args)
+    servers = [x.strip() for x in getattr(args, "editor_servers", ",".join(SERVERS)).split(",") if x.strip()]
+    if not servers or set(servers) - set(SERVERS):
+        raise SpecdecError(f"--editor-servers takes {', '.join(SERVERS)}, not {','.join(servers)!r}")
     languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
     sources = [s for s in SOURCES if not languages or s.language in languages]
     if args.sessions:
         sources = sources[: args.sessions]
     sessions = [TypingSession.from_source(s, fetch(s)) for s in sources]
-    with tempfile.TemporaryDirectory(prefix="specdec-editor-") as tmp:
-        workdir = Path(tmp)
-        print(f"{len(sessions)} typing sessions against `specdec serve` ({args.target}, draft {args.draft})",
-              flush=True)
-        client_records, final_stats = asyncio.run(replay_all(args, sessions, workdir))
-        server_records = load_records(workdir / "state" / "metrics.jsonl")
-    summary = summarize(client_records, server_records)
-    print_table(summary)
+    summary, final_stats, server_records, comparison = {}, None, [], {}
+    if "specdec" in servers:
+        with tempfile.TemporaryDirectory(prefix="specdec-editor-") as tmp:
+            workdir = Path(tmp)
+            print(f"{len(sessions)} typing sessions against `specdec serve` ({args.target}, draft {args.draft})",
+                  flush=True)
+            client_records, final_stats = asyncio.run(replay_all(args, sessions, workdir))
+            server_records = load_records(workdir / "state" / "metrics.jsonl")
+        summary = summarize(client_records, server_records)
+        print_table(summary)
+        comparison["specdec serve"] = editor_llama.summarize_ours(client_records, server_records)
+    llama_run = replay_llama(args, sessions) if "llama" in servers else None
+    if llama_run is not None:
+        comparison["llama-server /infill"] = editor_llama.summarize_llama(llama_run[0])
+    if comparison:
+        editor_llama.print_comparison(comparison)
     out = Path(args.output if args.output != "bench-results/bench.json" else "bench-results/editor.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"summary": summary, "server_stats": final_stats,
+    out.write_text(json.dumps({"summary": summary, "comparison": comparison, "server_stats": final_stats,
+                               "options": server_options(args),
                                "sessions": [{"language": s.language, "file": s.path, "typed": s.typed}
                                             for s in sessions],
-                               "requests": server_records}, indent=2))
+                               "requests": server_records,
+                               "llama": None if llama_run is None else {
+                                   **llama_run[1], "requests": [asdict(r) for r in llama_run[0]]}}, indent=2))
     print(f"wrote {out}")
     return 0

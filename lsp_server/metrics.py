@@ -190,6 +190,7 @@ class MetricsStore:
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._prometheus = None
+        self.index_stats = None  # the server's repository index stats (WorkspaceIndexer.stats), None while it is off
         self._summary: tuple[int, dict] | None = None  # (records added when computed, summary)
         self._added = 0
         self.skipped = 0  # malformed lines of the file, reported by summary()
@@ -223,7 +224,7 @@ class MetricsStore:
             return self._summary[1]
 
     def serve_prometheus(self, port: int, host: str = "127.0.0.1") -> None:
-        self._prometheus = PrometheusExporter(port, host)
+        self._prometheus = PrometheusExporter(port, host, lambda: self.index_stats() if self.index_stats else None)
 
 
 def load_records(path: Path | None = None) -> list[dict]:
@@ -250,14 +251,41 @@ def read_records(path: Path | None = None) -> tuple[list[dict], int]:
     return rows, skipped
 
 
+class RepoIndexCollector:
+    """The repository index's gauges, read from the server's indexer at each scrape (0 while the index is off)."""
+
+    GAUGES = (("specdec_repo_index_files", "files", "files in the repository index (its builds)"),
+              ("specdec_repo_index_tokens", "tokens", "token ids in the repository index"),
+              ("specdec_repo_index_bytes", "bytes", "memory of the repository index's arrays"),
+              ("specdec_repo_index_last_build_seconds", "last_build_seconds",
+               "seconds the latest build of a workspace folder took"))
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            stats = self.stats() or {}
+        except Exception:  # noqa: BLE001 - a scrape reports zeros rather than fail while the index changes hands
+            stats = {}
+        for name, key, doc in self.GAUGES:
+            value = stats.get(key, 0)
+            yield GaugeMetricFamily(name, doc, value=float(value) if isinstance(value, (int, float)) else 0.0)
+
+
 class PrometheusExporter:
     """Counters and a latency histogram on 127.0.0.1, labelled by language (and drafter source, on the
-    `_by_source` counters: the existing ones keep their labels)."""
+    `_by_source` counters: the existing ones keep their labels); the repository index's gauges when
+    `index_stats` (a callable answering WorkspaceIndexer.stats() or None) is given."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1"):
+    def __init__(self, port: int, host: str = "127.0.0.1", index_stats=None):
         from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
         self.registry = CollectorRegistry()
+        if index_stats is not None:
+            self.registry.register(RepoIndexCollector(index_stats))
         labels = ["language"]
         self.requests = Counter("specdec_requests", "completion requests", labels + ["source"], registry=self.registry)
         self.drafted = Counter("specdec_drafted_tokens", "drafted tokens", labels, registry=self.registry)

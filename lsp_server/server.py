@@ -118,6 +118,7 @@ class SpecdecServer(LanguageServer):
         self.service = CompletionService(self.host, self.metrics, self.settings)
         self.service.on_accept = self._index_accepted
         self.indexer = None  # specdec.repository.indexer.WorkspaceIndexer while the repository index is on
+        self.metrics.index_stats = lambda: self.indexer.stats() if self.indexer is not None else None  # Prometheus
         self.workspace_roots: list[str] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self._load_generation = 0

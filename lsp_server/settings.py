@@ -17,7 +17,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompts.fim import TEMPLATES
 from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS, REPO_INDEX_MAX_TOKENS, REPO_INDEX_TOKENS_LIMIT
-from specdec.models.choices import DRAFT_QUANT, DTYPES, TARGET_QUANT
+from specdec.models.choices import DRAFT_QUANT, DTYPES, INT4_KERNELS, TARGET_QUANT
 from specdec.engine.strategies import STRATEGIES
 
 FIM_FAMILIES = ("", *TEMPLATES)  # "": detect from the tokenizer
@@ -65,6 +65,13 @@ class Settings:
     target_quant: str = setting("none", "Target weights: int4 serves the GGUF's own Q4_K codes (the rest int8 per "
                                 "channel), int8 every linear per channel, none the dequantized floats. Speculation "
                                 "stays exact against whichever target runs.", choices=TARGET_QUANT, reload=True)
+    int4_kernel: str = setting("auto", "The int4 target's matmul kernel: w4a8 is specdec's AVX512-VNNI kernel "
+                               "(int8 activations, cheaper verify passes; compiled once per machine), aten PyTorch's "
+                               "int4 kernel. Speculation stays exact with either.", choices=INT4_KERNELS,
+                               choice_docs={"auto": "w4a8 where the CPU and compiler allow it, else aten.",
+                                            "w4a8": "specdec's AVX512-VNNI kernel; an error where it cannot run.",
+                                            "aten": "PyTorch's int4 CPU kernel, bf16 activations."},
+                               reload=True)
     max_new_tokens: int = setting(64, "Tokens per completion at most.", min=1, max=MAX_NEW_TOKENS)
     max_draft: int = setting(8, "Drafted tokens per target pass at most.", min=1, max=MAX_DRAFT)
     temperature: float = setting(0.0, "Sampling temperature; 0 is greedy.", min=0.01, max=5.0, zero=True)

@@ -114,6 +114,16 @@ def test_bench_on_local_files_records_what_auto_dtype_resolved_to(capsys, models
     assert result["config"]["dtype"] == "auto" and result["target_dtype"] == "float32"
     assert sorted(r["strategy"] for r in result["rows"]) == ["draft", "plain"]
     assert all(r["new_tokens"] >= 1 and r["equals_plain"] for r in result["rows"])
+    # bandwidth: the machine's, measured by the run, and each row's weight bytes x tokens/s (gpt-fast's figure)
+    assert "machine memory bandwidth" in printed and "GB/s" in printed
+    assert result["machine_bandwidth"]["read_gbps"] > 0
+    from specdec.models.loading import load
+
+    model = load(models[0], "fp32").model
+    params = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])  # as gpt-fast
+    for row in result["rows"]:
+        assert row["weight_bytes"] == params and row["peak_rss_mb"] > 0
+        assert row["bandwidth_gbps"] == pytest.approx(params * row["tokens_per_second"] / 1e9)
 
 
 @pytest.mark.parametrize("flag,value,message", [("--max-new-tokens", 0, "--max-new-tokens 0 is out of range"),

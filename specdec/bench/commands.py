@@ -22,6 +22,10 @@ def cmd_bench(args) -> int:
         code = runner(args)
         if code is not None:
             return code
+    if args.repo:
+        from specdec.errors import SpecdecError
+
+        raise SpecdecError("--repo needs the repository benchmark of specdec_finetune (or --editor): is it installed?")
     from specdec.bench.runner import run_bench
 
     return run_bench(args)
@@ -44,6 +48,9 @@ def register(sub) -> None:
     p.add_argument("--max-suffix-tokens", type=int, default=128)
     p.add_argument("--output", default=BENCH_OUTPUT)
     p.add_argument("--cold", action="store_true", help="no warm previous-keystroke request for our strategies")
+    p.add_argument("--repo", action="append", default=[], metavar="PKG",
+                   help="repository benchmark: pinned PyPI packages (name==version) or local folders, repeated or "
+                        "comma-separated; with --editor: the folder whose index the typing replay runs with")
     runners: list[Runner] = [kernels.register(p)]
     runners += [plugin.load()(p) for plugin in entry_points(group=BENCH_GROUP)]  # editor, finetune
     p.set_defaults(func=cmd_bench, bench_runners=runners)

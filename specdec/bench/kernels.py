@@ -4,13 +4,16 @@ Rows are the tokens in one call: 1 for a decode step, k + 1 for a verify pass, u
 prefill chunk (specdec.engine.kv.PREFILL_CHUNK), 512 for an unchunked prefill. Shapes are the 1.5B
 target's (out x in). Each kernel is timed on the same random weight in the same process,
 back to back, so their ratios hold even on a loaded machine; absolute times do not.
-The whole-model part runs each target quantization in its own process, for its peak RSS.
+The whole-model part runs each target quantization in its own process, for its peak RSS;
+`--interleave` instead loads them side by side in one process and times their steps in turns, so
+their ratios hold on a shared machine, and compares their greedy outputs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import resource
 import statistics
 import subprocess
@@ -58,18 +61,24 @@ def _time_interleaved(fns: dict, config: KernelBenchConfig) -> dict[str, float]:
 
 
 def kernels(shape: tuple[int, int]) -> dict:
-    """name -> fn(x) for one random weight of `shape`, each in the form the target would hold it."""
+    """name -> fn(x) for one random weight of `shape`, each in the form the target would hold it.
+    int4 is ATen's int4 kernel; w4a8 (where it runs here) specdec's, on the same codes."""
     import torch
 
+    from specdec.models import w4a8
     from specdec.models.gguf_codes import int8_per_channel, q4k_codes, quantize_q4k
     from specdec.models.int4 import Int4Linear, Int8ChannelLinear
 
     out, inp = shape
     weight = torch.randn(out, inp) * 0.02
     dense = weight.bfloat16()
-    int4 = Int4Linear(q4k_codes(quantize_q4k(weight), inp), dense_rows=0)
+    codes = q4k_codes(quantize_q4k(weight), inp)
+    int4 = Int4Linear(codes, dense_rows=0, kernel="aten")
     int8 = Int8ChannelLinear(int8_per_channel(weight))
-    return {"bf16": lambda x: torch.nn.functional.linear(x, dense), "int4": int4, "int8": int8}
+    fns = {"bf16": lambda x: torch.nn.functional.linear(x, dense), "int4": int4, "int8": int8}
+    if w4a8.load() is not None:
+        fns["w4a8"] = Int4Linear(codes, dense_rows=0, kernel="w4a8")
+    return fns
 
 
 def kernel_table(config: KernelBenchConfig) -> list[dict]:
@@ -90,15 +99,17 @@ def kernel_table(config: KernelBenchConfig) -> list[dict]:
 
 
 def model_steps(target: str, mode: str, context: int = 256, reps: int = 5) -> dict:
-    """Decode-step (1 row) and verify (8 rows) ms of the whole target at `context` tokens of cache."""
+    """Decode-step (1 row) and verify (8 rows) ms of the whole target at `context` tokens of cache.
+    mode: a TARGET_QUANT, int4 optionally as int4:KERNEL (one of INT4_KERNELS)."""
     from specdec.engine.kv import KVModel
     from specdec.models.loading import load_pair
 
     start = time.perf_counter()
-    pair = load_pair(target, None, target_quant=mode)
+    quant, _, kernel = mode.partition(":")
+    pair = load_pair(target, None, target_quant=quant, int4_kernel=kernel or "auto")
     load_s = time.perf_counter() - start
     kv = KVModel(pair.target.model)
-    prompt = (pair.target.tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1)\n") * 64)
+    prompt = _timing_prompt(pair.target.tokenizer)
     kv.sync(prompt[:context])
     result = {"mode": mode, "load_s": round(load_s, 1)}
     for label, n in (("decode_1_ms", 1), ("verify_8_ms", 8)):
@@ -118,6 +129,79 @@ def model_steps(target: str, mode: str, context: int = 256, reps: int = 5) -> di
     return result
 
 
+def _timing_prompt(tokenizer) -> list[int]:
+    return tokenizer.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1)\n") * 64
+
+
+def interleaved_steps(target: str, modes: list[str], context: int = 256, reps: int = 10, rows=(1, 4, 8),
+                      agreement_holes: int = 4, agreement_tokens: int = 32) -> dict:
+    """Each mode's whole target ("none", "int8", "int4", "int4:aten", "int4:w4a8"), loaded side by side,
+    its n-row steps at `context` tokens of cache timed in turns (order shuffled per round): ms best
+    and median per mode and row count. Then each greedy-completes the same workload holes; tokens
+    equal to the first mode's, up to the first difference, are reported as agreement.
+
+    The int4 layers' dense prefill copies are dropped (memory: three targets side by side): steps of
+    <= 9 rows never read them, and the completions' prefills run on the int4 kernels too."""
+    import torch
+
+    from specdec.bench.workload import load_workload
+    from specdec.engine.kv import KVModel
+    from specdec.engine.session import GenerationConfig, Session
+    from specdec.models.int4 import Int4Linear, int4_kernel_in_use
+    from specdec.models.loading import load_pair
+    from specdec.prompts.completion import Completer
+
+    models, tokenizer, result = {}, None, {}
+    for mode in modes:
+        quant, _, kernel = mode.partition(":")
+        start = time.perf_counter()
+        pair = load_pair(target, None, target_quant=quant, int4_kernel=kernel or "auto")
+        for layer in pair.target.model.modules():
+            if isinstance(layer, Int4Linear):
+                layer.dense = None
+        models[mode], tokenizer = pair.target.model, pair.target.tokenizer
+        result[mode] = {"load_s": round(time.perf_counter() - start, 1), "int4_kernel": int4_kernel_in_use(models[mode])}
+        print(f"loaded {mode} in {result[mode]['load_s']} s", file=sys.stderr, flush=True)
+    prompt = _timing_prompt(tokenizer)
+    kvs = {mode: KVModel(model) for mode, model in models.items()}
+    for kv in kvs.values():
+        kv.sync(prompt[:context])
+    times = {(mode, n): [] for mode in modes for n in rows}
+    order = [(mode, n) for mode in modes for n in rows]
+    with torch.inference_mode():
+        for rep in range(reps + 1):
+            random.Random(rep).shuffle(order)
+            for mode, n in order:
+                t0 = time.perf_counter()
+                kvs[mode].extend(prompt[context:context + n])
+                if rep:  # the first round warms up
+                    times[mode, n].append(time.perf_counter() - t0)
+                kvs[mode].truncate(context)
+    for (mode, n), ts in times.items():
+        result[mode][f"rows_{n}_ms"] = round(min(ts) * 1e3, 1)  # best: see _time_interleaved
+        result[mode][f"rows_{n}_median_ms"] = round(statistics.median(ts) * 1e3, 1)
+    del kvs
+    print(f"timed {reps} rounds: {json.dumps(result)}; greedy completions of {agreement_holes} holes next",
+          file=sys.stderr, flush=True)
+    holes = load_workload(None, 1)[:agreement_holes]  # one hole per workload file, languages mixed
+    outputs = {mode: [] for mode in modes}
+    for mode, model in models.items():
+        # short prompts: without the dense copies an int4 prefill runs on the int4 kernel, slowly
+        completer = Completer.for_session(Session(model, tokenizer), max_prefix_tokens=256, max_suffix_tokens=64)
+        for hole in holes:
+            outputs[mode].append(completer.complete(hole.prefix, hole.suffix,
+                                                    GenerationConfig(max_new_tokens=agreement_tokens)).tokens)
+    first = modes[0]
+    for mode in modes:
+        same = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+                for x, y in zip(outputs[first], outputs[mode])]
+        result[mode][f"tokens_equal_to_{first}"] = f"{sum(same)}/{sum(len(x) for x in outputs[first])}"
+        result[mode]["identical_holes"] = sum(x == y for x, y in zip(outputs[first], outputs[mode]))
+    result["holes"] = [hole.name for hole in holes]
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return result
+
+
 def run_kernels(args) -> int:
     config = KernelBenchConfig()
     if getattr(args, "kernel_rows", ""):
@@ -131,7 +215,12 @@ def run_kernels(args) -> int:
     print(f"ms per call (best of interleaved calls), {torch.get_num_threads()} threads", flush=True)
     table = kernel_table(config) if not getattr(args, "skip_kernels", False) else []
     steps = []
-    for mode in [m for m in getattr(args, "target_quants", "none,int4,int8").split(",") if m]:
+    modes = [m for m in getattr(args, "target_quants", "none,int4,int8").split(",") if m]
+    if getattr(args, "interleave", False) and modes:
+        steps.append(interleaved_steps(args.target, modes))
+        print(json.dumps(steps[-1]), flush=True)
+        modes = []
+    for mode in modes:
         cmd = [sys.executable, "-m", "specdec.bench.kernels", "--model-step", mode, "--target", args.target,
                "--threads", str(torch.get_num_threads())]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -153,8 +242,12 @@ def register(parser) -> "callable":
     parser.add_argument("--kernels", action="store_true",
                         help="kernel benchmark instead: bf16/int4/int8 matmul ms per shape and row count, then the "
                              "whole target's decode and verify step per --target-quants mode")
-    parser.add_argument("--target-quants", default="none,int4,int8", help="--kernels: whole-model modes ('' for none)")
+    parser.add_argument("--target-quants", default="none,int4,int8",
+                        help="--kernels: whole-model modes ('' for none; int4:aten, int4:w4a8 pick the int4 kernel)")
     parser.add_argument("--kernel-rows", default="", help="--kernels: comma-separated row counts (default ROWS)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="--kernels: load the --target-quants modes side by side in one process, time their "
+                             "steps in turns and compare their greedy outputs")
 
     def run(args) -> int | None:
         if not args.kernels:
@@ -172,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="Qwen/Qwen2.5-Coder-1.5B")
     parser.add_argument("--kernel-shapes", default="", help="comma-separated substrings of SHAPES' names")
     parser.add_argument("--kernel-rows", default="", help="comma-separated row counts (default ROWS)")
-    parser.add_argument("--target-quants", default="none,int4,int8", help="whole-model modes ('' for none)")
+    parser.add_argument("--target-quants", default="none,int4,int8",
+                        help="whole-model modes ('' for none; int4:aten, int4:w4a8 pick the int4 kernel)")
+    parser.add_argument("--interleave", action="store_true", help="see `specdec bench --kernels --interleave`")
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--output", default="")
     parser.add_argument("--threads", type=int, default=0)

@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -75,6 +78,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies, however it dies (a killed
+    benchmark would otherwise leave llama-servers holding a GB each)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 @dataclass
 class LlamaServer:
     """One `llama-server` process: plain, with a draft model (`-md`), or with n-gram speculation."""
@@ -86,16 +98,20 @@ class LlamaServer:
     context: int = 4096
     port: int = 0
     process: subprocess.Popen | None = None
+    log: object = None  # its stderr, in a file: a pipe nobody reads would stall it after some requests
 
     def __enter__(self) -> "LlamaServer":
         self.port = self.port or free_port()
         cmd = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
                "-t", str(self.threads), "-c", str(self.context), "-np", "1", "--no-webui", *self.extra]
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
+                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {self.process.stderr.read()[-2000:]}")
+                self.log.seek(0)
+                raise RuntimeError(f"llama-server exited: {self.log.read()[-2000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     if r.status == 200:
@@ -114,6 +130,21 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         self.process = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+    def peak_rss_mb(self) -> float | None:
+        """The server process's own peak resident memory (VmHWM), Linux only; None when unknown."""
+        if self.process is None:
+            return None
+        try:
+            for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
 
     def post(self, path: str, payload: dict) -> dict:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(payload).encode(),

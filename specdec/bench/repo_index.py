@@ -19,7 +19,6 @@ import random
 import resource
 import statistics
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -35,19 +34,12 @@ K = 8  # drafted tokens per query
 
 def fetch(packages: tuple[str, ...]) -> Path:
     """The sdists unpacked side by side in one folder (the workspace), each once."""
-    from specdec.bench.workload import SourceFile, _download
+    from specdec.bench.workload import fetch_sdist
 
     root = cache_dir() / "repo-index-bench"
     workspace = root / "workspace"
     for package in packages:
-        marker = workspace / f".{package}.done"
-        if marker.is_file():
-            continue
-        archive = _download(SourceFile("python", "pypi", package, "", "", ""), root / "archives")
-        print(f"unpacking {archive.name}", file=sys.stderr)
-        with tarfile.open(archive) as tf:
-            tf.extractall(workspace, filter="data")
-        marker.touch()
+        fetch_sdist(package, workspace, root / "archives")
     return workspace
 
 

@@ -6,6 +6,10 @@ server runs them: the session already served the previous keystroke (same file, 
 one character earlier), so only the changed tail of the prompt is prefilled; `--cold`
 resets the session before every request instead. All requests are greedy, so every
 output can be compared token for token with `hf-plain`.
+
+Each row also shows the weight bandwidth it achieved (gpt-fast's figure: weight bytes x tokens/s;
+specdec.bench.bandwidth) beside this machine's memory bandwidth, measured at the start of the
+run, and the peak RSS: of this process, or of llama-server for the llama.cpp rows.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     from specdec.bench.workload import SOURCES, load_workload, local_sources
     from specdec.prompts.completion import Completer
     from specdec.engine.session import GenerationConfig, Session
+    from specdec.models.int4 import int4_kernel_in_use
     from specdec.models.loading import load_pair
     from specdec.engine.cost_curve import cost_curve_key
     from specdec.engine.strategies import make_drafter, needs_cost_curve, needs_draft_model, target_cost_curve
@@ -98,9 +103,18 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     holes = load_workload(languages, args.holes or 2, sources)
     needs_draft = any(s == "hf-assisted" or needs_draft_model(s) for s in strategies)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     device=args.device, adapter=args.adapter, target_quant=args.target_quant)
+                     device=args.device, adapter=args.adapter, target_quant=args.target_quant,
+                     int4_kernel=args.int4_kernel)
     target, tokenizer = pair.target.model, pair.target.tokenizer
+    int4_kernel = int4_kernel_in_use(target)  # what --int4-kernel resolved to ("" without int4 layers)
     draft = pair.draft.model if pair.draft else None
+    from specdec.bench.bandwidth import file_bytes, machine_bandwidth, weight_bytes
+
+    machine = machine_bandwidth()
+    weights = {s: file_bytes(anchors[s].model) if s in anchors else weight_bytes(target) for s in strategies}
+    print(f"machine memory bandwidth (best of {machine['repeats']}, {machine['megabytes']} MB, "
+          f"{machine['threads']} threads): read {machine['read_gbps']:.1f} GB/s, copy {machine['copy_gbps']:.1f} GB/s; "
+          f"target weights read per token {weight_bytes(target) / 1e9:.2f} GB", flush=True)
     completer = Completer.for_session(Session(target, tokenizer), max_prefix_tokens=args.max_prefix_tokens,
                                       max_suffix_tokens=args.max_suffix_tokens)
     session = completer.session
@@ -118,7 +132,8 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     rows = []
     target_dtype = str(target.dtype).removeprefix("torch.")  # what `--dtype auto` resolved to
     print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({target_dtype}), "
-          f"target quant {args.target_quant}, draft {args.draft if needs_draft else '-'} ({args.draft_quant})",
+          f"target quant {args.target_quant}{f' ({int4_kernel} kernel)' if int4_kernel else ''}, "
+          f"draft {args.draft if needs_draft else '-'} ({args.draft_quant})",
           flush=True)
     for hole in holes:
         prompt = completer.prompt(hole.prefix, hole.suffix).ids
@@ -140,25 +155,22 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
                            acceptance_rate=result.accepted / result.drafted if result.drafted else 0.0,
                            prefill_computed=result.prompt_tokens, prefill_seconds=result.prompt_ms / 1000)
             else:
-                session.drafter, session.strategy = drafters[strategy], strategy
-                if args.cold:
-                    session.reset()
-                else:  # the previous keystroke's request, untimed, leaves the caches as a server would
-                    session.generate(previous, GenerationConfig(max_new_tokens=1))
-                result = session.generate(prompt, config)
-                tokens = result.tokens
-                row.update(stats_row(result.stats), new_tokens=len(tokens), mode="cold" if args.cold else "warm")
+                tokens = run_ours(session, drafters[strategy], strategy, prompt, previous, config, args.cold, row)
             if reference is None:
                 reference = tokens
             row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
+            row["weight_bytes"] = weights[strategy]
+            row["bandwidth_gbps"] = weights[strategy] * row["tokens_per_second"] / 1e9
             row["equals_plain"] = tokens == reference
-            row["peak_rss_mb"] = round(peak_rss_mb())
+            server_rss = anchors[strategy].peak_rss_mb() if strategy in anchors else None
+            row["peak_rss_mb"] = round(server_rss if server_rss is not None else peak_rss_mb())
             row["text"] = tokenizer.decode(tokens)
             rows.append(row)
             print(f"  {hole.name:28} {strategy:12} {row['new_tokens']:3d} tok {row['seconds']:6.2f}s "
                   f"{row['tokens_per_second']:5.2f} tok/s equal={row['equals_plain']}{tree_note(row)}", flush=True)
 
     summary = summarize(rows, strategies)
+    summary["machine_read_gbps"] = machine["read_gbps"]
     print_tables(summary, strategies)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -166,15 +178,33 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
         "config": {k: v for k, v in vars(args).items() if k not in ("func", "bench_runners")},
         "target_dtype": target_dtype,
         "target_quant": args.target_quant,
+        "int4_kernel": int4_kernel,
         "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,
                      "license": s.license, "project": s.project} for s in sources],
         "peak_rss_mb": round(peak_rss_mb()),
+        "machine_bandwidth": machine,
         "cost_curve": curve.to_json() if curve is not None else None,
         "summary": summary,
         "rows": rows,
     }, indent=2))
     print(f"\nwrote {out}; peak RSS {peak_rss_mb():.0f} MB")
     return 0
+
+
+def run_ours(session, drafter, strategy: str, prompt: list[int], previous: list[int], config, cold: bool,
+             row: dict) -> list[int]:
+    """One request as the language server runs it (after the previous keystroke's, unless cold): its tokens; its
+    time and speculation counters go into `row`."""
+    from specdec.engine.session import GenerationConfig
+
+    session.drafter, session.strategy = drafter, strategy
+    if cold:
+        session.reset()
+    else:  # the previous keystroke's request, untimed, leaves the caches as a server would
+        session.generate(previous, GenerationConfig(max_new_tokens=1))
+    result = session.generate(prompt, config)
+    row.update(stats_row(result.stats), new_tokens=len(result.tokens), mode="cold" if cold else "warm")
+    return result.tokens
 
 
 def stats_row(s) -> dict:
@@ -190,8 +220,8 @@ def stats_row(s) -> dict:
 def tree_note(row: dict) -> str:
     """What the drafts of one of our strategies looked like (`tree`, and `auto`, whose planner picks chains or
     trees): nodes and depth per drafting pass, and how many passes branched. Empty for other rows."""
-    if row.get("tree_passes") is None or row.get("target_passes", 0) <= 1:
-        return ""
+    if row.get("tree_passes") is None or row.get("target_passes", 0) <= 1 or row.get("strategy") == "plain":
+        return ""  # not ours, a single pass, or no drafter at all
     drafting = row["target_passes"] - 1  # the prefill pass drafts nothing
     return (f" tree: {row['drafted'] / drafting:.1f} nodes, {row['drafted_depth'] / drafting:.1f} deep "
             f"per pass, {row['tree_passes']}/{drafting} branched")
@@ -213,6 +243,7 @@ def summarize(rows: list[dict], strategies: list[str]) -> dict:
         return {
             "holes": len(subset),
             "tokens_per_second_median": statistics.median(r["tokens_per_second"] for r in subset),
+            "bandwidth_gbps_median": statistics.median(r.get("bandwidth_gbps", 0.0) for r in subset),
             "seconds_median": statistics.median(r["seconds"] for r in subset),
             "speedup_median": statistics.median(speedups) if speedups else None,
             "speedup_min": min(speedups) if speedups else None,
@@ -239,9 +270,11 @@ def _fmt(value, spec: str) -> str:
 
 
 def print_tables(summary: dict, strategies: list[str]) -> None:
-    print(f"\nOverall (speedup vs {summary['baseline']}, per-hole tokens/s ratios)")
+    machine = summary.get("machine_read_gbps")
+    print(f"\nOverall (speedup vs {summary['baseline']}, per-hole tokens/s ratios; GB/s: weight bytes x tok/s, "
+          f"as gpt-fast prints it{f', of {machine:.1f} GB/s this machine reads' if machine else ''})")
     print(f"{'strategy':12} {'tok/s':>6} {'speedup':>8} {'min':>6} {'vs-assist':>9} {'accept':>7} {'tok/pass':>8} "
-          f"{'=plain':>7} {'reused':>7} {'RSS MB':>7}")
+          f"{'=plain':>7} {'reused':>7} {'GB/s':>6} {'RSS MB':>7}")
     for s in strategies:
         a = summary["overall"][s]
         reused = a["prefill_reused"] / (a["prefill_reused"] + a["prefill_computed"]) \
@@ -249,7 +282,8 @@ def print_tables(summary: dict, strategies: list[str]) -> None:
         print(f"{s:12} {a['tokens_per_second_median']:6.2f} {_fmt(a['speedup_median'], '8.2f')} "
               f"{_fmt(a['speedup_min'], '6.2f')} {_fmt(a['vs_hf_assisted_median'], '9.2f')} "
               f"{_fmt(a['acceptance_rate'], '7.2f')} {_fmt(a['tokens_per_pass'], '8.2f')} "
-              f"{a['equal_to_plain']:7.0%} {_fmt(reused, '7.0%')} {a['peak_rss_mb']:7d}")
+              f"{a['equal_to_plain']:7.0%} {_fmt(reused, '7.0%')} {a['bandwidth_gbps_median']:6.1f} "
+              f"{a['peak_rss_mb']:7d}")
     print("\nPer language: median speedup (acceptance)")
     print(f"{'language':12} " + " ".join(f"{s:>14}" for s in strategies))
     for lang, per in summary["per_language"].items():

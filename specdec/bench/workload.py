@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,51 @@ def _download(source: SourceFile, folder: Path) -> Path:
     if not new:
         raise SpecdecError(f"fetching {source.package} produced no archive")
     return max(new, key=lambda p: p.stat().st_mtime)
+
+
+PINNED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+
+
+def fetch_sdist(package: str, workspace: Path, archives: Path) -> Path:
+    """A pinned PyPI package's sdist (`name==version`) unpacked into `workspace` once: its top folder."""
+    import zipfile
+
+    if not PINNED.match(package):
+        raise SpecdecError(f"pin the package as name==version, not {package!r}")
+    marker = workspace / f".{package}.done"
+    if not marker.is_file() or not marker.read_text().strip():  # (an empty marker: written by an older version)
+        archive = _download(SourceFile("python", "pypi", package, "", "", ""), archives)
+        print(f"unpacking {archive.name}", file=sys.stderr)
+        workspace.mkdir(parents=True, exist_ok=True)
+        try:
+            if zipfile.is_zipfile(archive):
+                with zipfile.ZipFile(archive) as zf:
+                    tops = {Path(n).parts[0] for n in zf.namelist() if Path(n).parts}
+                    zf.extractall(workspace)
+            else:
+                with tarfile.open(archive) as tf:
+                    tops = {Path(n).parts[0] for n in tf.getnames() if Path(n).parts}
+                    tf.extractall(workspace, filter="data")
+        except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
+            raise SpecdecError(f"cannot unpack {archive.name}: {exc}") from None
+        if len(tops) != 1:
+            raise SpecdecError(f"{archive.name} does not unpack into one folder ({len(tops)} top-level entries)")
+        marker.write_text(tops.pop())
+    top = workspace / marker.read_text().strip()
+    if not top.is_dir():
+        raise SpecdecError(f"{top} is gone: delete {marker} to unpack {package} again")
+    return top
+
+
+def repo_root(spec: str) -> Path:
+    """`--repo`'s value as a folder: a local folder as it is, or a pinned PyPI package's unpacked sdist (cached)."""
+    local = Path(spec).expanduser()
+    if local.is_dir():
+        return local.resolve()
+    if not PINNED.match(spec):
+        raise SpecdecError(f"--repo {spec!r}: not a folder, and not a package pinned as name==version")
+    root = cache_dir() / "repo-bench"
+    return fetch_sdist(spec, root / "packages", root / "archives")
 
 
 def _extract(archive: Path, member: str) -> bytes:

@@ -181,25 +181,31 @@ class Session:
 
     def _accept(self, new: list[int], out: list[int], config: GenerationConfig,
                 stop: StopPredicate | None) -> tuple[str, str | None]:
-        """Append verified tokens to out one at a time, checking what plain decoding checks after each.
+        return accept_tokens(new, out, self.stop_token_ids, self.tokenizer, config.max_new_tokens, stop)
 
-        A pass can verify several tokens; the stop predicate must still see every
-        intermediate text, or a stop token later in the batch would end the call with
-        text the predicate would have cut one token earlier (output must not depend on
-        how many tokens a pass verified).
-        """
-        for token in new:
-            if token in self.stop_token_ids:
-                return "eos", None
-            out.append(token)
-            if stop is not None:
-                text = self.tokenizer.decode(out)
-                cut = stop(text)
-                if cut is not None:
-                    return "stop", text[:cut]
-            if len(out) >= config.max_new_tokens:
-                return "max_tokens", None
-        return "", None
+
+def accept_tokens(new: Iterable[int], out: list[int], stop_token_ids, tokenizer, max_new_tokens: int,
+                  stop: StopPredicate | None) -> tuple[str, str | None]:
+    """Append verified tokens to out one at a time, checking what plain decoding checks after each.
+
+    A pass can verify several tokens; the stop predicate must still see every
+    intermediate text, or a stop token later in the batch would end the call with
+    text the predicate would have cut one token earlier (output must not depend on
+    how many tokens a pass verified). Returns (reason, cut text): ("", None) to go on.
+    The benchmarks apply it to another server's tokens too, so both end a completion alike.
+    """
+    for token in new:
+        if token in stop_token_ids:
+            return "eos", None
+        out.append(token)
+        if stop is not None:
+            text = tokenizer.decode(out)
+            cut = stop(text)
+            if cut is not None:
+                return "stop", text[:cut]
+        if len(out) >= max_new_tokens:
+            return "max_tokens", None
+    return "", None
 
 
 def greedy_reference(model, prompt: list[int], max_new_tokens: int, stop_token_ids: Iterable[int] = ()) -> list[int]:

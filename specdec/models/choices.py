@@ -6,6 +6,10 @@ DTYPES = ("auto", "bf16", "fp32")  # auto: bf16 where the device computes it nat
 # Linear int8 per channel, none = the dequantized float weights. Lossless in every mode: the
 # drafts are checked against whatever target runs.
 TARGET_QUANT = ("none", "int4", "int8")
+# The int4 target's matmul kernel: aten = PyTorch's int4 CPU kernel (bf16 activations); w4a8 = specdec's
+# AVX512-VNNI kernel (int8 activations; a verify pass's rows cost far less each), compiled once per
+# machine; auto = w4a8 where it builds and runs, else aten (specdec.models.int4, specdec.models.w4a8).
+INT4_KERNELS = ("auto", "w4a8", "aten")
 # Linear layers each int8 mode leaves in fp32. Qwen2's MLP output projection sees activation
 # outliers (a few channels far larger than the rest) that per-token int8 activations still
 # round coarsely. Keeping down_proj fp32 buys a little agreement for a clearly slower draft step;

@@ -7,7 +7,7 @@ import json
 
 from specdec.hardware import DEVICES, is_device
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
-from specdec.models.choices import DRAFT_QUANT, DTYPES, TARGET_QUANT
+from specdec.models.choices import DRAFT_QUANT, DTYPES, INT4_KERNELS, TARGET_QUANT
 
 
 def device_arg(value: str) -> str:
@@ -33,6 +33,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-quant", choices=TARGET_QUANT, default="none",
                    help="target weights on CPU: int4 = the GGUF's own Q4_K codes (group 32; the rest int8 per "
                         "channel), int8 = every Linear int8 per channel, none = dequantized floats (default)")
+    p.add_argument("--int4-kernel", choices=INT4_KERNELS, default="auto",
+                   help="--target-quant int4's matmul: w4a8 = specdec's AVX512-VNNI kernel (int8 activations; "
+                        "compiled once per machine), aten = PyTorch's int4 kernel (bf16 activations), auto = w4a8 "
+                        "where it builds and runs, else aten (default)")
     p.add_argument("--adapter", help="a LoRA adapter directory for the draft")
     add_device_arg(p)
 

@@ -1,10 +1,13 @@
 """The int4 target's converted layers kept on disk, so a start loads them instead of converting again.
 
 Converting is most of an int4 start: parsing the GGUF's metadata, unpacking the Q4_K codes,
-repacking them into ATen's layout, dequantizing the dense prefill copy, rounding the Q6_K
-tensors to int8. Its result depends only on the GGUF, the loaded weights (a Linear the GGUF
-lacks is quantized from them), the TargetQuantConfig, the dtype, torch (which owns the packed
-layout) and this code's format; those make the key stored in the file. A file whose key differs
+repacking them into the int4 kernel's layout, dequantizing the dense prefill copy, rounding the
+Q6_K tensors to int8. Its result depends only on the GGUF, the loaded weights (a Linear the GGUF
+lacks is quantized from them), the TargetQuantConfig with its kernel resolved ("auto" becomes
+"aten" or "w4a8": each kernel has its own packed layout and its own file, so a cache written for
+one is never served to the other), the dtype, torch (which owns ATen's layout), the kernel's
+layout and this code's format; those make the key stored in the file. Each kernel's packed weight
+is stored as it runs, not the kernel-neutral codes: a start then maps the file and packs nothing. A file whose key differs
 is stale and rebuilt in place. Files are written aside and renamed into place, so a reader never
 sees half of one; a file that does not read back (truncated, damaged, not ours) is a warning and
 a rebuild, never a failed load. The layers' buffers are memory-mapped from the file (torch.load
@@ -19,23 +22,28 @@ import hashlib
 import json
 import os
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
+from specdec.models import w4a8
 from specdec.models.gguf_codes import GROUP
 from specdec.models.int4 import (
     Int4Linear,
     Int8ChannelLinear,
     TargetQuantConfig,
     quantize_target,
+    resolve_kernel,
 )
 from specdec.paths import quantized_dir
 
-CACHE_FORMAT = 1  # bump when what a cached layer's buffers mean changes
-LAYOUT = (f"aten._convert_weight_to_int4pack_for_cpu innerKTiles=1 group={GROUP}, scales_and_zeros [groups,out,2]; "
-          "aten._weight_int8pack_mm codes [out,in] scale [out]")
+CACHE_FORMAT = 2  # bump when what a cached layer's buffers mean changes (2: per int4 kernel)
+INT8_LAYOUT = "aten._weight_int8pack_mm codes [out,in] scale [out]"
+INT4_LAYOUTS = {  # what an int4 layer's packed buffers are, per resolved kernel
+    "aten": f"aten._convert_weight_to_int4pack_for_cpu innerKTiles=1 group={GROUP}, scales_and_zeros [groups,out,2]",
+    "w4a8": f"specdec.models.w4a8.pack {w4a8.PACK_LAYOUT}",
+}
 
 
 def file_identity(path: Path) -> dict:
@@ -44,14 +52,22 @@ def file_identity(path: Path) -> dict:
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
+def _resolved(config: TargetQuantConfig) -> TargetQuantConfig:
+    """The config with the kernel the layers will run: "auto" never names a cache file."""
+    return replace(config, kernel=resolve_kernel(config.kernel))
+
+
 def cache_key(gguf: Path, weights: list[Path], config: TargetQuantConfig, dtype: torch.dtype) -> dict:
-    return {"format": CACHE_FORMAT, "layout": LAYOUT, "torch": torch.__version__, "gguf": file_identity(gguf),
+    config = _resolved(config)
+    layout = f"{INT4_LAYOUTS[config.kernel]}; {INT8_LAYOUT}"
+    return {"format": CACHE_FORMAT, "layout": layout, "torch": torch.__version__, "gguf": file_identity(gguf),
             "weights": [file_identity(w) for w in sorted(weights)], "config": asdict(config), "dtype": str(dtype)}
 
 
 def cache_path(gguf: Path, config: TargetQuantConfig, dtype: torch.dtype) -> Path:
-    """One file per (GGUF, config, dtype): a new torch or a changed GGUF overwrites it instead of adding one."""
-    name = json.dumps([str(gguf.resolve()), asdict(config), str(dtype)], sort_keys=True)
+    """One file per (GGUF, config with its kernel resolved, dtype): a new torch or a changed GGUF overwrites
+    it instead of adding one; the two int4 kernels have a file each."""
+    name = json.dumps([str(gguf.resolve()), asdict(_resolved(config)), str(dtype)], sort_keys=True)
     return quantized_dir() / f"{gguf.stem}-{hashlib.sha256(name.encode()).hexdigest()[:12]}.pt"
 
 
@@ -65,6 +81,7 @@ def quantize_target_cached(model, config: TargetQuantConfig, gguf: Path | str | 
     if config.mode != "int4" or gguf is None:
         return quantize_target(model, config, gguf, dtype)
     gguf = Path(gguf)
+    config = _resolved(config)  # one kernel decides the key, the file and the conversion
     key = cache_key(gguf, list(weights), config, dtype)
     path = cache_path(gguf, config, dtype)
     if path.is_file():
@@ -102,6 +119,8 @@ def save_layers(model, path: Path, key: dict, counts: dict[str, int]) -> None:
     for name, module in _layers(model).items():
         kind = _kind(module)
         layers[name] = {"kind": kind, "in": module.in_features, "out": module.out_features}
+        if kind == "int4":
+            layers[name]["kernel"] = module.kernel
         state = {"weight": module.weight.detach()} if kind == "dense" else module.state_dict()
         if kind == "dense" and module.bias is not None:
             state["bias"] = module.bias.detach()
@@ -146,12 +165,17 @@ def load_layers(model, path: Path, key: dict, dtype: torch.dtype) -> dict[str, i
             raise ValueError(f"{name}: cached as {entry}, the model has {type(module).__name__} {out}x{inp}")
         bias = None if module.bias is None else _take(stored, f"{name}.bias", (out,), dtype)
         if entry["kind"] == "int4":
-            state = {"packed": _take(stored, f"{name}.packed", (out, inp // 2), torch.uint8),
-                     "scales_and_zeros": _take(stored, f"{name}.scales_and_zeros", (inp // GROUP, out, 2), dtype),
-                     "bias": bias, "dense": None}
+            if entry.get("kernel") != config.kernel:
+                raise ValueError(f"{name}: packed for the {entry.get('kernel')!r} kernel, the key says {config.kernel!r}")
+            if config.kernel == "w4a8":
+                state = {"packed": _take(stored, f"{name}.packed", (w4a8.packed_bytes(out, inp),), torch.uint8)}
+            else:
+                state = {"packed": _take(stored, f"{name}.packed", (out, inp // 2), torch.uint8),
+                         "scales_and_zeros": _take(stored, f"{name}.scales_and_zeros", (inp // GROUP, out, 2), dtype)}
+            state.update(bias=bias, dense=None)
             if config.dense_rows > 0:
                 state["dense"] = _take(stored, f"{name}.dense", (out, inp), dtype)
-            built[name] = Int4Linear.from_state(state, inp, out, config.dense_rows, dtype)
+            built[name] = Int4Linear.from_state(state, inp, out, config.dense_rows, dtype, config.kernel)
         elif entry["kind"] == "int8":
             state = {"codes": _take(stored, f"{name}.codes", (out, inp), torch.int8),
                      "scale": _take(stored, f"{name}.scale", (out,), dtype), "bias": bias}

@@ -79,16 +79,24 @@ class ModelPair:
 
 
 def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", draft_quant: str = "int8",
-              device: str | None = None, adapter: str | None = None, target_quant: str = "none") -> ModelPair:
-    """Target as asked (quantized per target_quant, one of TARGET_QUANT); draft checked against the
-    target's tokenizer, its adapter applied, then quantized."""
+              device: str | None = None, adapter: str | None = None, target_quant: str = "none",
+              int4_kernel: str = "auto") -> ModelPair:
+    """Target as asked (quantized per target_quant, one of TARGET_QUANT; int4 layers on int4_kernel, one of
+    INT4_KERNELS); draft checked against the target's tokenizer, its adapter applied, then quantized."""
     target = load(target_spec, dtype, device)
-    quantize_target(target, target_quant, dtype)
+    quantize_target(target, target_quant, dtype, int4_kernel)
     if not draft_spec:
         return ModelPair(target, None, target_quant)
+    return ModelPair(target, load_draft(draft_spec, target, dtype, draft_quant, device, adapter), target_quant)
+
+
+def load_draft(draft_spec: str, target: LoadedModel, dtype: str = "auto", draft_quant: str = "int8",
+               device: str | None = None, adapter: str | None = None) -> LoadedModel:
+    """The draft as the engine runs it beside `target`: checked against its tokenizer, the adapter folded in,
+    then quantized (a benchmark loads several of these beside one target)."""
     draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
-    check_same_tokenizer(target.tokenizer, draft.tokenizer, target_spec, draft_spec)
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, target.spec, draft_spec)
     if adapter:
         draft.model = apply_adapter(draft.model, adapter)
     draft.model = quantize_draft(draft.model, draft_quant)
-    return ModelPair(target, draft, target_quant)
+    return draft

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec.errors import SpecdecError
-from specdec.models.choices import DRAFT_QUANT, KEPT_FP32, TARGET_QUANT
+from specdec.models.choices import DRAFT_QUANT, INT4_KERNELS, KEPT_FP32, TARGET_QUANT
 from specdec.models.store import target_gguf
 
 
@@ -43,11 +43,14 @@ def swap_int8(model, mode: str = "int8") -> list[tuple[object, str, object]]:
     return swapped
 
 
-def quantize_target(target, mode: str, dtype: str = "auto") -> None:
+def quantize_target(target, mode: str, dtype: str = "auto", int4_kernel: str = "auto") -> None:
     """Swap a loaded target's (specdec.models.loading.LoadedModel) Linear layers for int4/int8 ones in place
-    (CPU); `none` leaves it as loaded. An int4 target's layers come from the cache after the first start."""
+    (CPU); `none` leaves it as loaded. int4_kernel: one of INT4_KERNELS (specdec.models.int4.resolve_kernel).
+    An int4 target's layers come from the cache (one file per resolved kernel) after the first start."""
     if mode not in TARGET_QUANT:
         raise SpecdecError(f"unknown target quantization {mode!r}; use one of {', '.join(TARGET_QUANT)}")
+    if int4_kernel not in INT4_KERNELS:
+        raise SpecdecError(f"unknown int4 kernel {int4_kernel!r}; use one of {', '.join(INT4_KERNELS)}")
     if mode == "none":
         return
     if next(target.model.parameters()).device.type != "cpu":
@@ -58,4 +61,5 @@ def quantize_target(target, mode: str, dtype: str = "auto") -> None:
 
     gguf = target_gguf(target.spec) if mode == "int4" else None
     weights = list(target.path.resolve().glob("*.safetensors"))  # a Linear the GGUF lacks comes from these
-    quantize_target_cached(target.model, TargetQuantConfig(mode), gguf, torch_dtype(dtype), weights)
+    quantize_target_cached(target.model, TargetQuantConfig(mode, kernel=int4_kernel), gguf, torch_dtype(dtype),
+                           weights)

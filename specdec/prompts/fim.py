@@ -104,14 +104,21 @@ def build(tokenizer, template: FimTemplate, prefix: str, suffix: str, path: str 
     return FimPrompt(head + body + tail, len(prefix_ids), len(suffix_ids))
 
 
-def _trim_prefix(tokenizer, prefix: str, budget: int, grid: int = 16) -> list[int]:
-    """The last whole lines that fit the budget, starting on a line number that is a multiple of `grid`.
-
-    Only the complete lines above the cursor decide where the cut falls (the line being
-    typed gets a reserve), so the cut point, and with it every cached token of the prompt
-    before the cursor, stays put while the user types; the grid keeps it put across Enter too.
-    """
+def window(tokenizer, prefix: str, suffix: str, max_prefix_tokens: int = 1024,
+           max_suffix_tokens: int = 256) -> tuple[str, str]:
+    """The text before and after the cursor that `build` keeps under these budgets, for a client that must
+    send another server (llama.cpp's /infill) what our prompt holds: the same whole lines above the cursor,
+    and the suffix up to the same token. (A typed line too long for the budget alone is kept whole here.)"""
     lines = prefix.split("\n")
+    kept_prefix = "\n".join(lines[_prefix_start(tokenizer, lines, max_prefix_tokens):])
+    ids = tokenizer.encode(suffix[: max_suffix_tokens * 8], add_special_tokens=False) if suffix else []
+    kept_suffix = tokenizer.decode(ids[:max_suffix_tokens]) if len(ids) > max_suffix_tokens else \
+        suffix[: max_suffix_tokens * 8]
+    return kept_prefix, kept_suffix
+
+
+def _prefix_start(tokenizer, lines: list[str], budget: int, grid: int = 16) -> int:
+    """The first of the complete lines above the cursor line that the prefix keeps (see _trim_prefix)."""
     complete = lines[:-1]
     room = budget - min(budget // 2, 64)  # reserve for the line being typed
     counts: list[int] = []
@@ -126,6 +133,18 @@ def _trim_prefix(tokenizer, prefix: str, budget: int, grid: int = 16) -> list[in
     grid = max(1, min(grid, len(counts) // 4))  # never round away more than a quarter of what fits
     if start > 0:
         start = min(len(complete), -(-start // grid) * grid)
+    return start
+
+
+def _trim_prefix(tokenizer, prefix: str, budget: int, grid: int = 16) -> list[int]:
+    """The last whole lines that fit the budget, starting on a line number that is a multiple of `grid`.
+
+    Only the complete lines above the cursor decide where the cut falls (the line being
+    typed gets a reserve), so the cut point, and with it every cached token of the prompt
+    before the cursor, stays put while the user types; the grid keeps it put across Enter too.
+    """
+    lines = prefix.split("\n")
+    start = _prefix_start(tokenizer, lines, budget, grid)
     typed = lines[-1][-budget * 8 :]  # one enormous line (minified code) must not be tokenized whole
     text = "\n".join(lines[start:-1] + [typed])
     ids = tokenizer.encode(text, add_special_tokens=False) if text else []

@@ -22,6 +22,7 @@ import fnmatch
 import functools
 import math
 import os
+import random
 import re
 import subprocess
 import threading
@@ -32,6 +33,7 @@ from pathlib import Path
 from specdec.prompts.languages import EXTENSIONS
 
 MAX_BYTES = 512 * 1024
+HOLDOUT = 0.1  # share of a repository's files held out of fine-tuning and indexing, to measure on
 SECRET_NAMES = (".env", ".env.*", "*.env", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "id_rsa*",
                 "id_dsa*", "id_ecdsa*", "id_ed25519*", "credentials", "credentials.*", "*.credentials",
                 ".netrc", ".npmrc", ".pypirc", ".git-credentials", "secrets.*", "*secret*.json", "*.kdbx",
@@ -83,6 +85,15 @@ class FileSelection:
             key = reason.split(":")[0]
             counts[key] = counts.get(key, 0) + 1
         return counts
+
+
+def split_heldout(files: list[Path], holdout: float = HOLDOUT, seed: int = 0) -> tuple[list[Path], list[Path]]:
+    """(train, held out): a seeded share of the files, by file, held out of training and indexing. The one split
+    the fine-tune, the repository benchmark and the editor replay share, so all hold out the same files."""
+    order = sorted(files, key=lambda rel: Path(rel).as_posix())
+    random.Random(seed).shuffle(order)
+    n_heldout = min(len(order) - 1, max(1, round(len(order) * holdout))) if len(order) > 1 and holdout > 0 else 0
+    return order[n_heldout:], order[:n_heldout]
 
 
 def list_files(root: Path) -> list[Path]:

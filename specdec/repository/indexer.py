@@ -47,6 +47,7 @@ class WorkspaceIndexer:
         self.max_bytes = max_bytes
         self.state = "waiting for the tokenizer"
         self.reports: dict[str, BuildReport] = {}  # root -> its latest build
+        self.last_build: BuildReport | None = None  # the latest build of any root
         self.updates = 0  # documents re-indexed (or removed) after an edit, save or close
         self.accepted_documents = 0
         self.errors = 0
@@ -145,6 +146,7 @@ class WorkspaceIndexer:
                 "skipped": sum(r.skipped for r in reports), "over_cap": sum(r.over_cap for r in reports),
                 "documents": s.documents, "tokens": s.tokens, "bytes": s.bytes, "max_tokens": s.max_tokens,
                 "segments": s.segments, "build_seconds": round(sum(r.seconds for r in reports), 3),
+                "last_build_seconds": round(self.last_build.seconds, 3) if self.last_build else 0.0,
                 "refused": s.refused, "evicted": s.evicted, "updates": self.updates,
                 "accepted": self.accepted_documents, "errors": self.errors, "last_error": self.last_error}
 
@@ -224,7 +226,7 @@ class WorkspaceIndexer:
             return
         self.state = "building"
         report = build_index(root, tokenizer, self.index, self.max_bytes, self._pause)
-        self.reports[root] = report
+        self.reports[root] = self.last_build = report
         log.info("indexed %s: %d files, %d tokens, %.1f s", root, report.files, report.tokens, report.seconds)
         inside = {key: text for key, text in edited.items() if key.startswith(root.rstrip(os.sep) + os.sep)}
         self._apply(inside, tokenizer, count=False)  # what the editor holds wins over what the disk held

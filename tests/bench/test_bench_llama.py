@@ -1,6 +1,9 @@
 """The llama.cpp anchor of `specdec bench`: request shape and response parsing against a recorded reply."""
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,3 +52,40 @@ def test_real_llama_server_completes_the_recorded_prompt():
     with llama.LlamaServer(binary, gguf) as server:
         result = server.complete(RECORDED["prompt"], 24, stops=set())
     assert result.tokens == RECORDED["response"]["tokens"]  # greedy: the same tokens as when it was recorded
+
+
+def test_the_server_process_reports_its_own_peak_rss(tmp_path):
+    """The llama.cpp rows show llama-server's peak memory, not the benchmark's (a stand-in server here)."""
+    from fake_llama_server import executable
+
+    model = tmp_path / "model.gguf"
+    model.write_text("{}")
+    with llama.LlamaServer(executable(tmp_path), model) as server:
+        assert server.peak_rss_mb() > 1  # a Python process at least
+    assert server.peak_rss_mb() is None and server.log is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_dies_with_the_benchmark_that_started_it_even_when_killed():
+    # the parent starts a child the way LlamaServer does, prints its pid and waits; SIGKILL gives it no cleanup
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from specdec.bench.llama import _die_with_parent\n"
+        "child = subprocess.Popen(['sleep', '60'], preexec_fn=_die_with_parent)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie (init has not reaped it yet) is dead

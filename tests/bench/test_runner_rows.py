@@ -26,3 +26,8 @@ def test_auto_rows_show_the_planners_trees_and_chains(target, tok):
     assert tree_note(flat).startswith(f" tree: {flat['drafted'] / drafting:.1f} nodes, ")
     assert tree_note({"strategy": "llama-lookup", "target_passes": 5}) == ""  # not one of ours
     assert tree_note({**flat, "target_passes": 1}) == ""  # nothing drafted after the prefill pass
+
+
+def test_tree_note_is_empty_for_a_strategy_that_drafted_nothing():
+    plain = {"strategy": "plain", "target_passes": 48, "drafted": 0, "drafted_depth": 0, "tree_passes": 0}
+    assert tree_note(plain) == ""

@@ -111,7 +111,8 @@ def test_humaneval_bench_end_to_end_on_tiny_models(tmp_path, cli, capsys):
     assert report["configs"] == ["none/plain", "none/auto"]
     assert len(report["rows"]) == 4 and report["reference_pass"] == 1.0
     assert report["dataset"]["sample"] == 2 and len(report["dataset"]["task_ids"]) == 2
-    assert not (tmp_path / "he.json.rows.jsonl").exists()  # the rows kept as they came, gone once the JSON is written
+    journal = (tmp_path / "he.json.rows.jsonl").read_text().splitlines()  # the rows as they came, and a header
+    assert json.loads(journal[0])["settings"]["target"] == str(target) and len(journal) == 1 + 4
     assert report["settings"]["max_new_tokens"] == Settings().max_new_tokens  # the server's budget
     auto = report["summary"]["none/auto"]
     assert auto["agreement_with_first"] == 1.0  # greedy: speculation never changes the text
@@ -139,3 +140,75 @@ def test_bad_humaneval_arguments_are_one_line(tmp_path, cli, capsys, flags, mess
     assert cli(["bench", "--humaneval", "--humaneval-data", str(data), "--target", "nowhere"] + flags) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_resumed_run_completes_only_what_the_earlier_one_had_not(tmp_path, cli, capsys, monkeypatch):
+    target = tiny.save(tmp_path, seed=1, name="target")
+    data = write_problems(tmp_path / "toy.jsonl")
+    out = tmp_path / "he.json"
+    common = ["bench", "--humaneval", "--humaneval-data", str(data), "--target", str(target), "--dtype", "fp32",
+              "--humaneval-timeout", "20", "--output", str(out)]
+    assert cli(common + ["--limit", "2"]) == 0
+    first = json.loads(out.read_text())["rows"]
+    calls = []
+    real = humaneval_bench.complete
+    monkeypatch.setattr(humaneval_bench, "complete", lambda *a: calls.append(a[1].task_id) or real(*a))
+    assert cli(common + ["--limit", "4", "--humaneval-resume"]) == 0
+    report = json.loads(out.read_text())
+    assert len(calls) == 2 and report["resumed_rows"] == 2 and len(report["rows"]) == 4
+    assert set(calls).isdisjoint(r["task_id"] for r in first)  # a larger limit keeps the smaller one's tasks
+    assert [r for r in report["rows"] if r["task_id"] not in calls] == first
+    assert "resuming: 2 of 4 completions" in capsys.readouterr().out
+    assert cli(common + ["--limit", "4", "--humaneval-resume", "--max-draft", "3"]) == 0  # other settings
+    assert len(calls) == 6 and "not resuming" in capsys.readouterr().out
+
+
+def test_llama_infill_is_a_row_of_the_same_table_and_resumes(tmp_path, cli, capsys, monkeypatch):
+    """`--strategies plain,llama-infill`: llama-server (a stand-in that writes the true line) on the target's
+    GGUF, scored beside ours; a resumed run asks it nothing again."""
+    from fake_llama_server import answers_for, executable
+
+    from specdec.models import store
+
+    target = tiny.save(tmp_path, seed=1, name="target")
+    data = write_problems(tmp_path / "toy.jsonl")
+    tasks = humaneval.single_line_tasks(PROBLEMS)
+    requests = tmp_path / "requests.jsonl"
+    model = tmp_path / "model.gguf"  # the stand-in's "weights": what it answers
+    model.write_text(json.dumps({**answers_for(tiny.tokenizer(), {t.prefix: t.middle + t.suffix + "\n\nz = 1\n"
+                                                                  for t in tasks}), "log": str(requests)}))
+    monkeypatch.setenv("SPECDEC_LLAMA_SERVER", str(executable(tmp_path)))
+    monkeypatch.setattr(store, "target_gguf", lambda spec: model if spec == str(target) else None)
+    out = tmp_path / "he.json"
+    common = ["bench", "--humaneval", "--humaneval-data", str(data), "--limit", "3", "--target", str(target),
+              "--dtype", "fp32", "--humaneval-timeout", "20", "--output", str(out), "--strategies", "plain,llama-infill"]
+    assert cli(common) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["configs"] == ["none/plain", "llama-infill"]
+    assert report["summary"]["llama-infill"]["pass_at_1"] == 1.0 and report["summary"]["llama-infill"]["tasks"] == 3
+    assert "llama-infill: llama-server /infill on model.gguf" in printed
+    assert any(line.startswith("llama-infill ") and "100.0%" in line for line in printed.splitlines())
+    asked = len(requests.read_text().splitlines())
+    assert asked == 3
+    assert cli(common + ["--humaneval-resume"]) == 0
+    assert "resuming: 6 of 6 completions" in capsys.readouterr().out
+    assert len(requests.read_text().splitlines()) == asked and json.loads(out.read_text())["rows"] == report["rows"]
+    monkeypatch.setattr(ModelHost, "load", lambda *a: pytest.fail("llama-infill alone needs only the tokenizer"))
+    alone = tmp_path / "alone.json"
+    assert cli(common[:-1] + ["llama-infill", "--output", str(alone)]) == 0
+    assert json.loads(alone.read_text())["configs"] == ["llama-infill"]
+    assert len(requests.read_text().splitlines()) == asked + 3
+
+
+def test_without_llama_cpp_the_llama_infill_row_is_skipped_with_the_install_command(tmp_path, cli, capsys,
+                                                                                     monkeypatch):
+    target = tiny.save(tmp_path, seed=1, name="target")
+    data = write_problems(tmp_path / "toy.jsonl")
+    monkeypatch.setenv("SPECDEC_LLAMA_SERVER", str(tmp_path / "no-llama-server"))
+    out = tmp_path / "he.json"
+    assert cli(["bench", "--humaneval", "--humaneval-data", str(data), "--limit", "1", "--target", str(target),
+                "--dtype", "fp32", "--output", str(out), "--strategies", "plain,llama-infill"]) == 0
+    printed = capsys.readouterr().out
+    assert "llama.cpp is not installed: skipping llama-infill" in printed and "pip install" in printed
+    assert json.loads(out.read_text())["configs"] == ["none/plain"]

@@ -71,6 +71,39 @@ async def test_a_workspace_is_indexed_in_the_background_and_follows_the_editor(t
         await c.stop()
 
 
+def gauges(port: int) -> dict[str, float]:
+    import urllib.request
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {line.split()[0]: float(line.split()[1]) for line in body.splitlines()
+            if line.startswith("specdec_repo_index_")}
+
+
+async def test_the_prometheus_endpoint_reports_the_index(tmp_path, model_dirs):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = make_repo(tmp_path / "repo", files=3)
+    c = await lc.start(tmp_path, {"target": str(model_dirs[0]), "draft": "", "dtype": "fp32", "strategy": "repo",
+                                  "prometheusPort": port}, workspace=root)
+    try:
+        await lc.wait_ready(c)
+        index = (await wait_for(c, lambda s: s["state"] == "ready" and s["files"] == 3))["repo_index"]
+        assert index["last_build_seconds"] > 0
+        assert gauges(port) == {"specdec_repo_index_files": 3.0, "specdec_repo_index_tokens": index["tokens"],
+                                "specdec_repo_index_bytes": index["bytes"],
+                                "specdec_repo_index_last_build_seconds": index["last_build_seconds"]}
+        assert index["tokens"] > 0 and index["bytes"] > 0
+        c.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"strategy": "lookup"}))
+        await wait_for(c, lambda s: s["state"] == "off")
+        assert set(gauges(port).values()) == {0.0}  # no index: the gauges fall to zero
+    finally:
+        await c.shutdown_session()
+        await c.stop()
+
+
 async def test_the_index_can_be_turned_off(tmp_path, model_dirs):
     root = make_repo(tmp_path / "repo", files=2)
     c = await lc.start(tmp_path, {"target": str(model_dirs[0]), "draft": "", "dtype": "fp32", "repoIndex": False},

@@ -197,7 +197,8 @@ def test_schema_is_complete_and_defaults_are_valid():
             assert row["minimum"] is not None and row["maximum"] is not None, row
     assert rows["fimFamily"]["choices"] == ["", *TEMPLATES]
     assert rows["temperature"]["zeroAllowed"] and rows["prometheusPort"]["zeroAllowed"]
-    assert {k for k, r in rows.items() if r["reloadsModels"]} == {"target", "draft", "dtype", "draftQuant", "targetQuant", "adapters"}
+    assert {k for k, r in rows.items() if r["reloadsModels"]} == {"target", "draft", "dtype", "draftQuant", "targetQuant",
+                                                                     "int4Kernel", "adapters"}
     good = Settings().update({"temperature": 0, "topP": 1, "prometheusPort": 9464, "maxNewTokens": 32.0,
                               "maxSuffixTokens": 0, "fimFamily": "starcoder"})
     assert (good.temperature, good.max_new_tokens, good.fim_family) == (0.0, 32, "starcoder")
@@ -407,3 +408,20 @@ def test_target_quant_setting_serves_the_quantized_target(tiny_pair):
     layer = host.completer.session.target.model.model.layers[0].mlp.up_proj
     assert isinstance(layer, (Int4Linear, Int8ChannelLinear))
     assert settings.models_differ(settings.update({"targetQuant": "none"}))
+
+
+def test_int4_kernel_setting_reaches_the_load(tiny_pair, monkeypatch):
+    """int4Kernel w4a8 where the kernel cannot run fails the load with the reason; auto falls back; a change reloads."""
+    from lsp_server.service import ModelHost
+    from specdec.models import w4a8
+
+    monkeypatch.setenv("SPECDEC_W4A8", "0")
+    monkeypatch.setattr(w4a8, "_state", {})  # load() answers again, under SPECDEC_W4A8=0
+    host = ModelHost()
+    host.load(Settings().update({"target": str(tiny_pair[0]), "draft": "", "strategy": "lookup", "dtype": "fp32",
+                                 "targetQuant": "int4", "int4Kernel": "w4a8"}))
+    assert host.state == "failed" and "w4a8" in host.error and "SPECDEC_W4A8=0" in host.error
+    host, settings = loaded_host(tiny_pair, targetQuant="int4", int4Kernel="auto")
+    assert settings.models_differ(settings.update({"int4Kernel": "aten"}))
+    with pytest.raises(SettingsError, match="int4Kernel must be one of"):
+        settings.update({"int4Kernel": "avx2"})

@@ -93,7 +93,8 @@ def int4_target(tmp_path_factory):
     assert tensors["lm_head"].qtype == "Q8_0" and tensors["model.layers.1.mlp.down_proj"].qtype == "Q4_K"
     k_proj = model.model.layers[0].self_attn.k_proj
     assert tensors["model.layers.0.self_attn.k_proj"].shape == tuple(k_proj.weight.shape)
-    counts = quantize_target(model, TargetQuantConfig("int4"), path)  # DENSE_ROWS: verifies of <= 9 rows on int4
+    # DENSE_ROWS: verifies of <= 9 rows on int4; ATen's kernel here (tests/models/test_w4a8.py: the other one)
+    counts = quantize_target(model, TargetQuantConfig("int4", kernel="aten"), path)
     assert counts == {"int4": 14, "int8": 1}
     return model
 
@@ -110,6 +111,7 @@ def int8_target():
 def test_int4_target_keeps_the_gguf_codes(int4_target, tmp_path):
     layer = int4_target.model.layers[0].mlp.up_proj
     assert isinstance(layer, Int4Linear) and isinstance(int4_target.lm_head, Int8ChannelLinear)
+    assert layer.kernel == "aten"
     assert layer.packed.dtype == torch.uint8 and layer.packed.numel() == layer.out_features * layer.in_features // 2
     assert layer.scales_and_zeros.shape == (layer.in_features // GROUP, layer.out_features, 2)
 

@@ -1,5 +1,6 @@
 """The int4 target's cache: the second start loads the converted layers instead of converting, the
-model it gives is bit for bit the converted one, and a damaged or stale file is rebuilt."""
+model it gives is bit for bit the converted one, a damaged or stale file is rebuilt, and each int4
+kernel (aten, w4a8) has its own file that the other is never served."""
 
 import json
 import os
@@ -12,7 +13,7 @@ from gguf_files import write_tiny_gguf
 
 from specdec.engine.session import GenerationConfig
 from specdec.engine.strategies import make_session
-from specdec.models import int4_cache
+from specdec.models import int4_cache, w4a8
 from specdec.models.int4 import Int4Linear, Int8ChannelLinear, TargetQuantConfig
 from specdec.models.loading import load_pair
 from specdec.paths import quantized_dir
@@ -163,3 +164,57 @@ def test_an_unwritable_cache_warns_and_the_load_goes_on(model_dir, conversions, 
         target = load(path)
     assert isinstance(target.model.model.layers[0].mlp.up_proj, Int4Linear)
     assert not list(quantized_dir().iterdir())  # no file, no leftover partial one
+
+
+@pytest.fixture
+def both_kernels():
+    """Skips where the W4A8 kernel cannot run (tests/models/test_w4a8.py decides whether that is a failure)."""
+    if w4a8.load() is None:
+        pytest.skip(f"the W4A8 kernel cannot run here: {w4a8.unavailable_reason()}")
+
+
+def kernels_of(target) -> set[str]:
+    return {m.kernel for m in target.model.modules() if isinstance(m, Int4Linear)}
+
+
+def test_each_kernel_has_its_own_cache_and_is_never_served_the_other(model_dir, conversions, both_kernels,
+                                                                     monkeypatch):
+    path, _ = model_dir
+
+    def load_with(kernel):
+        return load_pair(str(path), None, dtype="bf16", target_quant="int4", int4_kernel=kernel).target
+
+    fresh = {kernel: load_with(kernel) for kernel in ("aten", "w4a8")}
+    assert [c.kernel for c in conversions] == ["aten", "w4a8"]  # the second kernel did not take the first's file
+    assert len(list(quantized_dir().glob("*.pt"))) == 2
+    assert {k: kernels_of(t) for k, t in fresh.items()} == {"aten": {"aten"}, "w4a8": {"w4a8"}}
+    for kernel in ("w4a8", "aten"):
+        cached = load_with(kernel)
+        assert kernels_of(cached) == {kernel}
+        want, got = buffers(fresh[kernel].model), buffers(cached.model)
+        assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
+        assert torch.equal(logits(cached), logits(fresh[kernel]))
+    assert not torch.equal(logits(fresh["aten"]), logits(fresh["w4a8"]))  # the two kernels do differ
+    assert len(conversions) == 2
+    cached = load_with("auto")  # auto is the kernel it resolves to, here w4a8: that file, no conversion
+    assert kernels_of(cached) == {"w4a8"} and len(conversions) == 2
+    monkeypatch.setattr(w4a8, "_state", {})  # auto resolves again, now where the kernel cannot run
+    monkeypatch.setenv("SPECDEC_W4A8", "0")
+    cached = load_with("auto")
+    assert kernels_of(cached) == {"aten"} and len(conversions) == 2  # the aten file, not the w4a8 one
+    assert torch.equal(logits(cached), logits(fresh["aten"]))
+
+
+def test_a_file_packed_for_the_other_kernel_is_refused(model_dir, both_kernels, tmp_path):
+    _, gguf = model_dir
+    weights = []
+    aten, other = TargetQuantConfig("int4", kernel="aten"), TargetQuantConfig("int4", kernel="w4a8")
+    model = tiny.model(seed=1, hidden=HIDDEN)
+    counts = int4_cache.quantize_target(model, other, gguf, torch.bfloat16)
+    key = int4_cache.cache_key(gguf, weights, aten, torch.bfloat16)
+    assert key["config"]["kernel"] == "aten" and key != int4_cache.cache_key(gguf, weights, other, torch.bfloat16)
+    int4_cache.save_layers(model, tmp_path / "forged.pt", key, counts)  # w4a8's layers under aten's key
+    fresh = tiny.model(seed=1, hidden=HIDDEN)
+    with pytest.raises(ValueError, match="packed for the 'w4a8' kernel"):
+        int4_cache.load_layers(fresh, tmp_path / "forged.pt", key, torch.bfloat16)
+    assert all(type(m) is not Int4Linear for m in fresh.modules())

@@ -78,3 +78,16 @@ def test_one_enormous_line_is_not_tokenized_whole(tok):
     start = time.perf_counter()
     p = fim.build(tok, fim.TEMPLATES["qwen"], "ab = cd + " * 400_000, "", max_prefix_tokens=64, max_suffix_tokens=16)
     assert p.prefix_tokens == 64 and time.perf_counter() - start < 1
+
+
+def test_window_is_the_text_the_prompt_holds(tok):
+    """What a client sends another server (llama.cpp's /infill) so that it sees what our prompt holds."""
+    template = fim.detect(tok)
+    prefix = "".join(f"line_{i} = {i}\n" for i in range(200)) + "    total = line_1 +"
+    suffix = "".join(f"after_{i}()\n" for i in range(100))
+    kept_prefix, kept_suffix = fim.window(tok, prefix, suffix, max_prefix_tokens=120, max_suffix_tokens=20)
+    prompt = fim.build(tok, template, prefix, suffix, None, 120, 20)
+    assert tok.encode(kept_prefix, add_special_tokens=False) == prompt.ids[1:1 + prompt.prefix_tokens]
+    assert tok.encode(kept_suffix, add_special_tokens=False) == prompt.ids[2 + prompt.prefix_tokens:-1]
+    assert prefix.endswith(kept_prefix) and kept_prefix.startswith("line_") and suffix.startswith(kept_suffix)
+    assert fim.window(tok, "a\nb", "c\n", 120, 20) == ("a\nb", "c\n")  # within budget: all of it

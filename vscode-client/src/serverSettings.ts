@@ -8,6 +8,7 @@ export interface ServerSettings {
   dtype: string;
   draftQuant: string;
   targetQuant: string;
+  int4Kernel: string;
   maxNewTokens: number;
   maxDraft: number;
   temperature: number;
@@ -38,6 +39,7 @@ export const SERVER_DEFAULTS: ServerSettings = {
   dtype: "auto",
   draftQuant: "int8",
   targetQuant: "none",
+  int4Kernel: "auto",
   maxNewTokens: 64,
   maxDraft: 8,
   temperature: 0.0,
@@ -68,6 +70,7 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "dtype",
   "draftQuant",
   "targetQuant",
+  "int4Kernel",
   "maxNewTokens",
   "maxDraft",
   "temperature",

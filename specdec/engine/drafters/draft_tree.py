@@ -29,6 +29,9 @@ from specdec.engine.sampling import SamplingConfig, probabilities
 from specdec.engine.tree import ROOT, TokenTree
 from specdec.engine.tree_attention import check_tree_attention
 from specdec.engine.tree_plan import TreePlanner
+
+# tokens a steady draft's sync computes: the bonus token, and a leaf of the accepted branch the draft never ran
+STEADY_CATCH_UP = 2
 from specdec.engine.tree_shape import TreeShape
 from specdec.errors import SpecdecError
 
@@ -72,10 +75,19 @@ class DraftTree(DraftModel):
         # the last tree proposed, and each node's slot in the draft cache's tree region
         # (None: a node without children, never run through the draft)
         self._pending: tuple[TokenTree, list[int | None]] | None = None
+        self.catch_up = 0  # tokens the latest draft's sync computed before its first level
 
     def reset(self) -> None:
         super().reset()
         self._pending = None
+        self.catch_up = 0
+
+    def level_timing(self, draft_seconds: float) -> float:
+        """draft_seconds, for a planner to learn what a level costs; 0.0 (nothing to learn) when the
+        draft first caught up on more than the usual bonus token or two. After plain steps the sync
+        runs every token the target produced alone: counted as one level, it made a level look
+        many times dearer than it is, and a planner that believed it never drafted again."""
+        return draft_seconds if self.catch_up <= STEADY_CATCH_UP else 0.0
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator | None = None,
                 *, limits: TreeLimits | None = None, shape: TreeShape | None = None) -> Draft:
@@ -92,7 +104,7 @@ class DraftTree(DraftModel):
         self._pending = None
         if nodes <= 0:
             return Draft([], None, self.name)
-        logits, _, _ = self.kv.sync(context)  # also drops what is left of an unverified tree
+        logits, _, self.catch_up = self.kv.sync(context)  # also drops what is left of an unverified tree
         belief = self._belief(logits[None], sampling)[0]
         if shape is not None:
             tree, slots = self._fill(belief, shape, nodes, sampling)
@@ -189,7 +201,7 @@ class DraftTree(DraftModel):
         tree = draft.as_tree()
         self.length.observe(tree.depth, accepted, draft_seconds, target_pass_seconds)
         if self.planner is not None and verdict is not None:
-            self.planner.observe(tree, verdict, draft_seconds, tree.depth)
+            self.planner.observe(tree, verdict, self.level_timing(draft_seconds), tree.depth)
         pending, self._pending = self._pending, None
         if pending is None or pending[0] is not draft.tree or verdict is None:
             self.kv.keep_path([])  # nothing to keep by: the next sync computes the accepted tokens

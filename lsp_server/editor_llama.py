@@ -1,0 +1,193 @@
+"""The editor benchmark's typing replay against llama-server's `/infill`, as llama.vim would send it.
+
+The same sessions and seeded keystroke delays as the replay against `specdec serve`. On each
+keystroke the request in flight, if any, is cancelled by closing its connection (llama-server
+drops a task whose connection closed); then the client's own cache answers if it can — llama.vim's
+cache: the same text again, or a suggestion that the characters typed since continue (its
+look-back over the last 128 characters; our server's type-ahead rule) — and otherwise a new
+`/infill` request goes out: llama.vim's layout (lsp_server.llama_anchor, specdec.bench.llama_infill),
+greedy, `cache_prompt` on, its `t_max_prompt_ms`/`t_max_predict_ms`, of the text window and token
+budget our server uses; streamed, since llama-server cancels only a streamed request whose
+connection closed, and answered when its last event arrives (llama.vim shows a whole reply). A
+reply goes through our stop rules and trimming, so "answered" means a non-empty suggestion on
+both sides. Unlike llama.vim (which waits for the request in flight, retrying every 100 ms) a
+keystroke cancels it, as the VS Code client does with ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from lsp_server.llama_anchor import InfillRules
+from lsp_server.metrics import percentile
+from specdec.bench import llama_infill
+
+LOOK_BACK = 128  # characters llama.vim looks back for a cached suggestion the typing continues
+CACHE_KEYS = 250  # llama.vim's max_cache_keys
+
+
+@dataclass
+class LlamaRecord:
+    language: str
+    sent: float
+    done: float = 0.0
+    status: str = "pending"  # served | empty | cancelled | error
+    source: str = ""  # model | cache | typeahead
+    prompt_n: int = 0  # prompt tokens llama.cpp evaluated (the rest came from its cache)
+    cache_n: int = 0
+    text: str = ""  # the suggestion, after our stop rules and trimming
+
+    @property
+    def ms(self) -> float:
+        return (self.done - self.sent) * 1000
+
+
+@dataclass
+class ClientCache:
+    """llama.vim's completion cache, keyed by the text around the cursor."""
+
+    size: int = CACHE_KEYS
+    entries: OrderedDict = field(default_factory=OrderedDict)
+
+    def put(self, prefix: str, suffix: str, text: str) -> None:
+        self.entries[(prefix, suffix)] = text
+        self.entries.move_to_end((prefix, suffix))
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+    def get(self, prefix: str, suffix: str) -> tuple[str, str] | None:
+        """("cache", text) for this very text; ("typeahead", the rest) for a suggestion made up to LOOK_BACK
+        characters earlier that the characters typed since begin; None when neither."""
+        if (prefix, suffix) in self.entries:
+            self.entries.move_to_end((prefix, suffix))
+            return "cache", self.entries[(prefix, suffix)]
+        for back in range(1, min(LOOK_BACK, len(prefix)) + 1):
+            text = self.entries.get((prefix[:-back], suffix))
+            if text and len(text) > back and text.startswith(prefix[-back:]):
+                return "typeahead", text[back:]
+        return None
+
+
+@dataclass
+class LlamaReplay:
+    port: int
+    rules: InfillRules
+    language: str
+    records: list[LlamaRecord] = field(default_factory=list)
+    cache: ClientCache = field(default_factory=ClientCache)
+
+    async def run(self, before: str, typed: str, after: str, delays: list[float]) -> None:
+        pending: asyncio.Task | None = None
+        for ch, delay in zip(typed, delays):
+            await asyncio.sleep(delay)
+            if pending is not None and not pending.done():
+                pending.cancel()  # closes its connection: llama-server stops that task
+            before += ch
+            pending = self.keystroke(before, after)
+        if pending is not None:
+            await asyncio.wait([pending])
+
+    def keystroke(self, prefix: str, suffix: str) -> asyncio.Task | None:
+        record = LlamaRecord(self.language, time.perf_counter())
+        self.records.append(record)
+        hit = self.cache.get(prefix, suffix)
+        if hit is not None:
+            record.source, record.text = hit
+            record.status, record.done = ("served" if record.text else "empty"), time.perf_counter()
+            return None
+        ctx, local = self.rules.cursor(self.language, prefix, suffix)
+        payload = llama_infill.vim_request(local, self.rules.settings.max_new_tokens, stream=True)
+        record.source = "model"
+
+        async def send() -> None:
+            streamed = llama_infill.StreamedInfill()
+
+            def gather(event: dict) -> bool:
+                streamed.add(event)
+                return False  # the whole reply, as llama.vim takes it
+
+            try:
+                await llama_infill.stream(self.port, "/infill", payload, gather)
+                reply = streamed.reply()
+            except asyncio.CancelledError:
+                record.status, record.done = "cancelled", time.perf_counter()
+                raise
+            except (OSError, ValueError, llama_infill.HttpError):
+                record.status, record.done = "error", time.perf_counter()
+                return
+            record.text, _, _ = self.rules.answer(ctx, reply)
+            record.done = time.perf_counter()
+            record.status = "served" if record.text else "empty"
+            record.prompt_n, record.cache_n = reply.prompt_n, reply.cache_n
+            self.cache.put(prefix, suffix, record.text)
+
+        return asyncio.ensure_future(send())
+
+
+def summarize_llama(records: list[LlamaRecord]) -> dict:
+    """The comparison row of the llama-server replay (all latencies client side: keystroke -> suggestion)."""
+    hits = [r for r in records if r.source in ("cache", "typeahead") and r.status == "served"]
+    model = [r for r in records if r.source == "model" and r.status in ("served", "empty")]
+    answered = [r for r in records if r.status == "served"]
+    computed = sum(r.prompt_n for r in model)
+    reused = sum(r.cache_n for r in model)
+    return {
+        "keystrokes": len(records),
+        "answered": len(answered),
+        "cancelled": sum(r.status == "cancelled" for r in records),
+        "errors": sum(r.status == "error" for r in records),
+        "typeahead_hits": len(hits),
+        "hit_p50_ms": percentile([r.ms for r in hits], 0.5),
+        "model_answers": len(model),
+        "model_p50_ms": percentile([r.ms for r in model], 0.5),
+        "model_p95_ms": percentile([r.ms for r in model], 0.95),
+        "suggestion_p50_ms": percentile([r.ms for r in answered], 0.5),
+        "suggestion_p95_ms": percentile([r.ms for r in answered], 0.95),
+        "prefill_reuse_rate": reused / (reused + computed) if reused + computed else None,
+    }
+
+
+def summarize_ours(client_records: list, server_records: list[dict]) -> dict:
+    """The same row for `specdec serve`: hits and model answers from its metrics (request received ->
+    suggestion ready), the suggestion times from the client (request sent -> item received)."""
+    requests = [r for r in server_records if r.get("kind") == "request"]
+    hits = [r for r in requests if r["source"] in ("cache", "typeahead") and r.get("shown")]
+    model = [r for r in requests if r["source"] == "model"]
+    served = [(r.done - r.sent) * 1000 for r in client_records if r.status == "served"]
+    reused = sum(r["prefill_reused"] for r in model)
+    computed = sum(r["prefill_computed"] for r in model)
+    return {
+        "keystrokes": len(client_records),
+        "answered": len(served),
+        "cancelled": sum(r.status == "cancelled" for r in client_records),
+        "errors": sum(r.status == "error" for r in client_records),
+        "typeahead_hits": len(hits),
+        "hit_p50_ms": percentile([r["latency_ms"] for r in hits], 0.5),
+        "model_answers": len(model),
+        "model_p50_ms": percentile([r["latency_ms"] for r in model], 0.5),
+        "model_p95_ms": percentile([r["latency_ms"] for r in model], 0.95),
+        "suggestion_p50_ms": statistics.median(served) if served else None,
+        "suggestion_p95_ms": percentile(served, 0.95),
+        "prefill_reuse_rate": reused / (reused + computed) if reused + computed else None,
+    }
+
+
+def print_comparison(rows: dict[str, dict]) -> None:
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    cols = ("keys", "answered", "cancel", "t-ahead", "hit p50", "model", "model p50", "model p95", "sugg p50",
+            "sugg p95", "reused")
+    print("\n" + f"{'server':22} " + " ".join(f"{c:>9}" for c in cols))
+    for name, s in rows.items():
+        cells = [s["keystrokes"], s["answered"], s["cancelled"], s["typeahead_hits"], f(s["hit_p50_ms"], ".1f"),
+                 s["model_answers"], f(s["model_p50_ms"], ".0f"), f(s["model_p95_ms"], ".0f"),
+                 f(s["suggestion_p50_ms"], ".0f"), f(s["suggestion_p95_ms"], ".0f"), f(s["prefill_reuse_rate"], ".0%")]
+        print(f"{name:22} " + " ".join(f"{c:>9}" for c in cells))
+    print("(ms; answered: keystrokes that got a non-empty suggestion; t-ahead: answered from a cache or by "
+          "type-ahead, no model call; model: completed model requests; sugg: keystroke -> suggestion of the "
+          "answered ones; reused: prompt tokens served from the KV cache)")

@@ -1,0 +1,155 @@
+"""A stand-in for llama.cpp's llama-server in the fast tier: /health, and /infill answering recorded-shape replies.
+
+Its "model" (-m) is a JSON file: {"answers": {text before the cursor: [token ids]}, "pieces": {id: text},
+"default": [token ids], "delay_s": seconds before the first token, "token_delay_s": seconds between tokens,
+"log": a JSONL file where each request's body is written with how it ended: "done", or "closed" when the
+client closed the connection before the reply was complete}. It streams (SSE, chunked) or answers whole,
+as llama-server does, honouring n_predict (stop_type "limit") and otherwise ending with stop_type "eos".
+Run as a program it takes llama-server's flags (-m, --port; the rest ignored); in a test, `start(config)`.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+
+def _closed(sock: socket.socket) -> bool:
+    """The client closed its end (EOF readable), without consuming anything it might still send."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    config: ClassVar[dict] = {}
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._json(200, {"status": "ok"}) if self.path == "/health" else self._json(404, {"error": "not found"})
+
+    def _log(self, body: dict, ended: str, sent: int) -> None:
+        if self.config.get("log"):
+            with open(self.config["log"], "a") as f:
+                f.write(json.dumps({"body": body, "ended": ended, "tokens_sent": sent}) + "\n")
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep, watching the connection; False if the client closed it meanwhile."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if _closed(self.connection):
+                return False
+            time.sleep(0.005)
+        return not _closed(self.connection)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path != "/infill":
+            self._json(404, {"error": "not found"})
+            return
+        before = body.get("input_prefix", "") + body.get("prompt", "")
+        tokens = self.config.get("answers", {}).get(before, self.config.get("default", []))
+        limit = int(body.get("n_predict", -1))
+        stop_type = "limit" if 0 <= limit < len(tokens) else "eos"
+        tokens = tokens[:limit] if limit >= 0 else tokens
+        pieces = self.config.get("pieces", {})
+        timings = {"cache_n": 0, "prompt_n": len(before) // 4 + 1, "prompt_ms": 1.0, "predicted_n": len(tokens),
+                   "predicted_ms": 1.0}
+        if not self._wait(self.config.get("delay_s", 0.0)):
+            self._log(body, "closed", 0)
+            return
+        if not body.get("stream"):
+            self._json(200, {"index": 0, "content": "".join(pieces.get(str(t), "") for t in tokens),
+                             "tokens": tokens, "stop": True, "stop_type": stop_type, "tokens_predicted": len(tokens),
+                             "timings": timings})
+            self._log(body, "done", len(tokens))
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def event(data: dict) -> None:
+            line = f"data: {json.dumps(data)}\n\n".encode()
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            self.wfile.flush()
+
+        for sent, token in enumerate(tokens):
+            if sent and not self._wait(self.config.get("token_delay_s", 0.0)):
+                self._log(body, "closed", sent)
+                return
+            try:
+                event({"index": 0, "content": pieces.get(str(token), ""), "tokens": [token], "stop": False,
+                       "tokens_predicted": sent + 1, "timings": timings})
+            except OSError:
+                self._log(body, "closed", sent)
+                return
+        try:
+            event({"index": 0, "content": "", "tokens": [], "stop": True, "stop_type": stop_type,
+                   "tokens_predicted": len(tokens), "timings": timings})
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self._log(body, "closed", len(tokens))
+            return
+        self._log(body, "done", len(tokens))
+
+
+def start(config: dict, port: int = 0) -> ThreadingHTTPServer:
+    """Serve in a daemon thread; `server.server_address[1]` is the port, `server.shutdown()` ends it."""
+    handler = type("ConfiguredHandler", (Handler,), {"config": config})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def answers_for(tokenizer, cases: dict[str, str]) -> dict:
+    """The "answers" and "pieces" of a config: for each text before the cursor, the reply text as token ids."""
+    answers = {before: tokenizer.encode(reply, add_special_tokens=False) for before, reply in cases.items()}
+    pieces = {str(t): tokenizer.decode([t]) for ids in answers.values() for t in ids}
+    return {"answers": answers, "pieces": pieces}
+
+
+def executable(tmp_path: Path) -> Path:
+    """A `llama-server` program (for SPECDEC_LLAMA_SERVER) that runs this module."""
+    wrapper = tmp_path / "llama-server"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def main(argv: list[str]) -> None:
+    model = argv[argv.index("-m") + 1]
+    port = int(argv[argv.index("--port") + 1])
+    server = start(json.loads(Path(model).read_text()), port)
+    try:
+        threading.Event().wait()
+    finally:
+        server.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,94 @@
+"""The editor replay against llama-server /infill: each keystroke cancels the request in flight (its connection
+closed), the client cache answers type-ahead, and the requests have llama.vim's layout (stand-in server)."""
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+import tiny
+from fake_llama_server import answers_for, start
+
+from lsp_server import editor_llama
+from lsp_server.llama_anchor import InfillRules
+from lsp_server.settings import Settings
+
+
+@pytest.fixture
+def fake(tmp_path):
+    tok = tiny.tokenizer()
+    config = {**answers_for(tok, {"": ""}), "default": tok.encode("bc = 1\nmore()\n", add_special_tokens=False),
+              "log": str(tmp_path / "requests.jsonl")}
+    config["pieces"].update({str(t): tok.decode([t]) for t in config["default"]})
+    server = start(config)
+    yield config, server.server_address[1], Path(config["log"])
+    server.shutdown()
+
+
+def logged(path: Path) -> list[dict]:
+    time.sleep(0.2)  # the stand-in logs a closed connection when it next looks
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def replay(port, typed, delays, before="import os\n", after="\n", **settings):
+    rules = InfillRules.load(Settings().update(settings), tiny.tokenizer())
+    run = editor_llama.LlamaReplay(port, rules, "python")
+    asyncio.run(run.run(before, typed, after, delays))
+    return run.records
+
+
+def test_each_keystroke_cancels_the_request_in_flight(fake):
+    config, port, log = fake
+    config["delay_s"] = 0.5  # the model is slower than the typing
+    records = replay(port, "abc", [0.01, 0.05, 0.05], maxNewTokens=12)
+    assert [r.status for r in records] == ["cancelled", "cancelled", "served"]
+    requests = logged(log)
+    assert [r["ended"] for r in requests] == ["closed", "closed", "done"]  # llama-server saw the closes
+    body = requests[-1]["body"]
+    assert (body["input_prefix"], body["prompt"], body["input_suffix"]) == ("import os\n", "abc", "\n")
+    assert body["input_extra"] == [] and body["n_predict"] == 12 and body["n_indent"] == 0
+    assert body["samplers"] == ["top_k"] and body["top_k"] == 1 and body["cache_prompt"] is True
+    assert (body["t_max_prompt_ms"], body["t_max_predict_ms"]) == (500, 250) and body["stream"] is True
+    assert records[-1].ms >= 500 and records[-1].text == "bc = 1"  # through our single-line stop and trim
+
+
+def test_typing_what_was_suggested_is_answered_from_the_client_cache(fake):
+    config, port, log = fake
+    config["delay_s"] = 0.2
+    records = replay(port, "abc", [0.01, 0.6, 0.05])
+    assert [(r.source, r.status) for r in records] == [("model", "served"), ("typeahead", "served"),
+                                                       ("typeahead", "served")]
+    assert len(logged(log)) == 1  # the typed characters continue the suggestion: no new request
+    summary = editor_llama.summarize_llama(records)
+    assert summary["keystrokes"] == 3 and summary["answered"] == 3 and summary["typeahead_hits"] == 2
+    assert summary["model_answers"] == 1 and summary["model_p50_ms"] >= 200 and summary["hit_p50_ms"] < 50
+
+
+def test_the_client_cache_looks_back_as_llama_vim_does():
+    cache = editor_llama.ClientCache(size=2)
+    cache.put("x = ", "\n", "foo(1)")
+    assert cache.get("x = ", "\n") == ("cache", "foo(1)")
+    assert cache.get("x = fo", "\n") == ("typeahead", "o(1)")
+    assert cache.get("x = fa", "\n") is None and cache.get("x = fo", "\n\n") is None  # other text, other suffix
+    assert cache.get("x = foo(1)", "\n") is None  # nothing left to suggest
+    cache.put("a", "", "b")
+    cache.put("c", "", "d")
+    assert cache.get("x = ", "\n") is None  # the oldest went
+
+
+def test_the_comparison_row_of_our_server_reads_its_metrics():
+    from types import SimpleNamespace
+
+    client = [SimpleNamespace(status=s, sent=0.0, done=d) for s, d in
+              (("served", 0.2), ("cancelled", 0.1), ("served", 0.01), ("empty", 0.3))]
+    server = [{"kind": "request", "source": "model", "latency_ms": 200.0, "shown": True, "prefill_reused": 90,
+               "prefill_computed": 10},
+              {"kind": "request", "source": "typeahead", "latency_ms": 1.0, "shown": True, "prefill_reused": 0,
+               "prefill_computed": 0},
+              {"kind": "request", "source": "model", "latency_ms": 300.0, "shown": False, "prefill_reused": 0,
+               "prefill_computed": 10}]
+    row = editor_llama.summarize_ours(client, server)
+    assert (row["keystrokes"], row["answered"], row["cancelled"], row["typeahead_hits"], row["model_answers"]) == \
+        (4, 2, 1, 1, 2)
+    assert row["hit_p50_ms"] == 1.0 and row["prefill_reuse_rate"] == pytest.approx(90 / 110)
