@@ -9,6 +9,7 @@ import pytest
 from specdec import paths
 from specdec.engine.cost_curve import (
     CACHE_FILE,
+    CURVE_CONTEXT,
     CostCurve,
     cached_cost_curve,
     cost_curve_key,
@@ -116,7 +117,7 @@ def test_the_key_holds_what_changes_a_pass():
 
     key = json.loads(cost_curve_key("Qwen/x", dtype="bfloat16", quantization="int8", device="cuda:0", kv="fp16"))
     assert key == {"model": "Qwen/x", "dtype": "bfloat16", "quantization": "int8", "device": "cuda:0", "kv": "fp16",
-                   "torch": torch.__version__, "threads": torch.get_num_threads()}
+                   "torch": torch.__version__, "threads": torch.get_num_threads(), "context": CURVE_CONTEXT}
     assert cost_curve_key("m", dtype="float32") != cost_curve_key("m", dtype="bfloat16")
 
 
