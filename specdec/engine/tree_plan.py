@@ -34,7 +34,7 @@ class TreePlanner:
     draft_level_seconds: float | None = None  # one level of drafting, running estimate (None: not yet timed)
     level_prior: float = 0.4  # a level's cost before any timing, in one-token target passes
     smoothing: float = 0.3  # weight of the newest timing
-    explore_every: int = 16  # after this many plain steps in a row, one 1-node draft re-measures the draft
+    explore_every: int = 16  # after this many plain steps in a row, one 2-node draft re-measures the draft
     last: TreeShape | None = None  # the latest plan, for the benchmark's report
     _plain_steps: int = field(default=0, repr=False)
 
@@ -48,11 +48,11 @@ class TreePlanner:
         shape = best_shape(rows, self.cost, draft_level_cost=level, max_depth=max(1, min(self.max_depth, nodes)),
                            max_nodes=nodes) if nodes else TreeShape((), ())
         if nodes and not len(shape):
-            # nothing is learnt while nothing is drafted: now and then a one-token draft checks
+            # nothing is learnt while nothing is drafted: now and then a two-token draft checks
             # whether the file being edited has become predictable again
             self._plain_steps += 1
-            if self._plain_steps >= self.explore_every:
-                shape = TreeShape.chain(1)
+            if self._plain_steps >= self.explore_every:  # two nodes: the second level is timed even after a catch-up
+                shape = TreeShape.chain(min(2, nodes))
         if len(shape):
             self._plain_steps = 0
         self.last = shape
@@ -65,4 +65,7 @@ class TreePlanner:
         if levels > 0 and draft_seconds > 0:
             measured = draft_seconds / levels
             old = self.draft_level_seconds
-            self.draft_level_seconds = measured if old is None else (1 - self.smoothing) * old + self.smoothing * measured
+            # down at once, up smoothly: another process or a first call's warm-up only ever adds time, and an
+            # estimate stuck high stops the drafting that would correct it
+            smoothed = measured if old is None else (1 - self.smoothing) * old + self.smoothing * measured
+            self.draft_level_seconds = min(smoothed, measured)

@@ -290,23 +290,21 @@ def test_sampling_with_a_tree_follows_the_target(target, tok):
     assert chisquare(observed, wanted).pvalue > 0.001
 
 
-def test_a_draft_that_first_caught_up_on_plain_steps_teaches_the_planner_no_level_cost(unrelated_draft, tok):
-    """After plain steps, the draft's sync runs every token the target produced alone; counted as one
+def test_a_draft_that_first_caught_up_on_plain_steps_is_timed_by_its_levels_alone(unrelated_draft, tok):
+    """After plain steps, the draft's sync runs every token the target produced alone; counted as a
     level, that made drafting look many times dearer than it is, and the planner never drafted again."""
-    from specdec.engine.cost_curve import CostCurve
-    from specdec.engine.tree_plan import TreePlanner
-
-    planner = TreePlanner(CostCurve((1, 8, 33), (0.010, 0.013, 0.030)))
-    drafter = DraftTree(unrelated_draft, planner=planner)
+    drafter = DraftTree(unrelated_draft)
     context = tok.encode("class Point:\n    def")
     drafter.prefill(context)
-    steady = drafter.propose(context, 8, SamplingConfig(), shape=TreeShape.chain(2))
+    drafter.propose(context, 8, SamplingConfig(), shape=TreeShape.chain(3))
     assert drafter.catch_up <= 2
-    drafter.observe(steady, 0, 0.004, 0.01, verdict=TreeVerdict([], [], 7, False))
-    assert planner.draft_level_seconds == pytest.approx(0.004 / 2)
+    sync, levels, passes = drafter._timed
+    assert passes == 2 and drafter.level_timing() == pytest.approx((sync + levels) / 3)
 
     context = context + tok.encode(" move(self, dx, dy):\n        self.x += dx")  # the target's, undrafted
-    late = drafter.propose(context, 8, SamplingConfig(), shape=TreeShape.chain(2))
+    drafter.propose(context, 8, SamplingConfig(), shape=TreeShape.chain(3))
     assert drafter.catch_up > 2
-    drafter.observe(late, 0, 0.5, 0.01, verdict=TreeVerdict([], [], 7, False))
-    assert planner.draft_level_seconds == pytest.approx(0.004 / 2)  # the catch-up taught it nothing
+    sync, levels, passes = drafter._timed
+    assert drafter.level_timing() == pytest.approx(levels / 2)  # the catch-up is not a level
+    drafter.propose(context + [5], 8, SamplingConfig(), shape=TreeShape.chain(1))
+    assert drafter.level_timing() > 0  # steady again: the sync is the one level

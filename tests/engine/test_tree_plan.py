@@ -55,7 +55,8 @@ def test_a_draft_that_keeps_missing_gets_no_tree_at_all():
     """Drafting must pay for itself: a level that costs half a pass and a draft right 5% of the time is
     worth less than a plain step, and the drafter then proposes nothing."""
     planner = TreePlanner(CPU, trained([0.05, 0.0, 0.0]), draft_level_seconds=0.005, explore_every=4)
-    assert [len(planner.plan(16)) for _ in range(9)] == [0, 0, 0, 1, 0, 0, 0, 1, 0]  # now and then a probe
+    assert [len(planner.plan(16)) for _ in range(9)] == [0, 0, 0, 2, 0, 0, 0, 2, 0]  # now and then a probe
+    assert len(planner.plan(1)) == 0 and len(planner.plan(1)) == 0 and len(planner.plan(1)) == 1  # within the cap
 
 
 def test_the_plan_respects_the_cap_and_the_session_budget():
@@ -87,7 +88,9 @@ def test_draft_level_cost_is_learnt_from_timings_and_starts_from_a_prior():
     planner.observe(tree, TreeVerdict([0, 1], [5, 6], 9, True), draft_seconds=0.0, levels=2)  # untimed: ignored
     assert planner.draft_level_seconds == pytest.approx(0.02)
     planner.observe(tree, TreeVerdict([0, 1], [5, 6], 9, True), draft_seconds=0.08, levels=2)
-    assert planner.draft_level_seconds == pytest.approx(0.7 * 0.02 + 0.3 * 0.04)
+    assert planner.draft_level_seconds == pytest.approx(0.7 * 0.02 + 0.3 * 0.04)  # up: smoothly
+    planner.observe(tree, TreeVerdict([0, 1], [5, 6], 9, True), draft_seconds=0.01, levels=2)
+    assert planner.draft_level_seconds == pytest.approx(0.005)  # down: at once (a warm-up outlier is forgotten)
 
 
 def test_the_drafter_fills_the_planned_shape_cut_to_the_sessions_budget(target, tok):

@@ -18,6 +18,7 @@ computes only what the draft has not seen.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -76,18 +77,23 @@ class DraftTree(DraftModel):
         # (None: a node without children, never run through the draft)
         self._pending: tuple[TokenTree, list[int | None]] | None = None
         self.catch_up = 0  # tokens the latest draft's sync computed before its first level
+        self._timed = (0.0, 0.0, 0)  # the latest draft: sync seconds, seconds of its level passes, level passes
 
     def reset(self) -> None:
         super().reset()
         self._pending = None
         self.catch_up = 0
+        self._timed = (0.0, 0.0, 0)
 
-    def level_timing(self, draft_seconds: float) -> float:
-        """draft_seconds, for a planner to learn what a level costs; 0.0 (nothing to learn) when the
-        draft first caught up on more than the usual bonus token or two. After plain steps the sync
-        runs every token the target produced alone: counted as one level, it made a level look
-        many times dearer than it is, and a planner that believed it never drafted again."""
-        return draft_seconds if self.catch_up <= STEADY_CATCH_UP else 0.0
+    def level_timing(self) -> float:
+        """Seconds per draft level of the latest draft, for a planner to learn from; 0.0 when it
+        timed no level. Timed here rather than taken from the session's draft seconds: the sync
+        counts as a level only when it ran the usual bonus token or two. After plain steps it runs every token the target produced alone, which made a
+        level look many times dearer than it is, and a planner that believed it never drafted again."""
+        sync_seconds, level_seconds, levels = self._timed
+        if self.catch_up <= STEADY_CATCH_UP:
+            return (sync_seconds + level_seconds) / (levels + 1)
+        return level_seconds / levels if levels else 0.0
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator | None = None,
                 *, limits: TreeLimits | None = None, shape: TreeShape | None = None) -> Draft:
@@ -104,12 +110,16 @@ class DraftTree(DraftModel):
         self._pending = None
         if nodes <= 0:
             return Draft([], None, self.name)
+        started = time.perf_counter()
         logits, _, self.catch_up = self.kv.sync(context)  # also drops what is left of an unverified tree
+        synced = time.perf_counter()
+        self._levels_run = 0
         belief = self._belief(logits[None], sampling)[0]
         if shape is not None:
             tree, slots = self._fill(belief, shape, nodes, sampling)
         else:
             tree, slots = self._grow(belief, limits, nodes, sampling)
+        self._timed = (synced - started, time.perf_counter() - synced, self._levels_run)
         self._pending = (tree, slots)
         return Draft.of_tree(tree, self.name)
 
@@ -187,6 +197,7 @@ class DraftTree(DraftModel):
                    sampling: SamplingConfig) -> torch.Tensor:
         """One draft pass over a level's `nodes` (their parents already run): records each node's
         slot in the draft cache's tree region and returns the draft's beliefs after them, one row each."""
+        self._levels_run += 1
         first_slot = len(self.kv.tree_tokens)
         rows = self.kv.extend_tree([tokens[i] for i in nodes],
                                    [ROOT if parents[i] == ROOT else slots[parents[i]] for i in nodes])
@@ -201,7 +212,7 @@ class DraftTree(DraftModel):
         tree = draft.as_tree()
         self.length.observe(tree.depth, accepted, draft_seconds, target_pass_seconds)
         if self.planner is not None and verdict is not None:
-            self.planner.observe(tree, verdict, self.level_timing(draft_seconds), tree.depth)
+            self.planner.observe(tree, verdict, self.level_timing(), 1)
         pending, self._pending = self._pending, None
         if pending is None or pending[0] is not draft.tree or verdict is None:
             self.kv.keep_path([])  # nothing to keep by: the next sync computes the accepted tokens
