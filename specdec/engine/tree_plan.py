@@ -35,6 +35,7 @@ class TreePlanner:
     level_prior: float = 0.4  # a level's cost before any timing, in one-token target passes
     smoothing: float = 0.3  # weight of the newest timing
     explore_every: int = 16  # after this many plain steps in a row, one 2-node draft re-measures the draft
+    slowdown: float | None = None  # live target pass seconds / the curve's, running estimate (None: not yet timed)
     last: TreeShape | None = None  # the latest plan, for the benchmark's report
     _plain_steps: int = field(default=0, repr=False)
 
@@ -44,7 +45,9 @@ class TreePlanner:
         rows = [[math.floor(p * 100 + 1e-9) / 100 for p in row] for row in self.acceptance.rows(PLANNED_DEPTHS)]
         nodes = max(0, min(cap, self.max_nodes))
         seconds = self.draft_level_seconds
-        level = round(self.level_prior * self.cost(1) if seconds is None else seconds, 4)
+        # the draft is timed live, the curve was measured once (maybe on a quieter machine): a level's
+        # cost goes into the curve's units by how much slower than the curve the target runs now
+        level = round(self.level_prior * self.cost(1) if seconds is None else seconds / (self.slowdown or 1.0), 4)
         shape = best_shape(rows, self.cost, draft_level_cost=level, max_depth=max(1, min(self.max_depth, nodes)),
                            max_nodes=nodes) if nodes else TreeShape((), ())
         if nodes and not len(shape):
@@ -58,14 +61,20 @@ class TreePlanner:
         self.last = shape
         return shape
 
-    def observe(self, tree: TokenTree, verdict: TreeVerdict, draft_seconds: float, levels: int) -> None:
-        """Fold in one verified tree (ranks: each node's place among its siblings, best first)
-        and the seconds its `levels` sequential draft passes took."""
+    def observe(self, tree: TokenTree, verdict: TreeVerdict, draft_seconds: float, levels: int,
+                pass_seconds: float = 0.0) -> None:
+        """Fold in one verified tree (ranks: each node's place among its siblings, best first),
+        the seconds its `levels` sequential draft passes took, and the seconds the target's pass
+        over it took (0: not timed)."""
         self.acceptance.observe(tree, verdict)
         if levels > 0 and draft_seconds > 0:
-            measured = draft_seconds / levels
-            old = self.draft_level_seconds
-            # down at once, up smoothly: another process or a first call's warm-up only ever adds time, and an
-            # estimate stuck high stops the drafting that would correct it
-            smoothed = measured if old is None else (1 - self.smoothing) * old + self.smoothing * measured
-            self.draft_level_seconds = min(smoothed, measured)
+            self.draft_level_seconds = _track(self.draft_level_seconds, draft_seconds / levels, self.smoothing)
+        if pass_seconds > 0:
+            self.slowdown = _track(self.slowdown, pass_seconds / self.cost(1 + len(tree)), self.smoothing)
+
+
+def _track(old: float | None, measured: float, smoothing: float) -> float:
+    """A running estimate of a cost: down at once, up smoothly. Another process or a first call's warm-up
+    only ever adds time, and an estimate stuck high stops the drafting that would correct it."""
+    smoothed = measured if old is None else (1 - smoothing) * old + smoothing * measured
+    return min(smoothed, measured)

@@ -100,6 +100,7 @@ def test_the_drafter_fills_the_planned_shape_cut_to_the_sessions_budget(target, 
     draft = drafter.propose(context, 12, SamplingConfig(temperature=0))
     assert not planner.last.is_chain and TreeShape.of(draft.tree) == planner.last
     drafter.observe(draft, 0, 0.01, 0.01, verdict=TreeVerdict([], [], 0, False))
+    planner.draft_level_seconds = 0.0001  # the tiny model's real level time, on a busy machine, is not the point here
     small = drafter.propose(context, 3, SamplingConfig(temperature=0))
     assert len(small.tree) == len(planner.last) <= 3
 
@@ -196,3 +197,15 @@ def test_the_cost_curve_is_measured_once_per_key(target, unrelated_draft, tok, t
     assert second.cost_curve.to_json() == first.cost_curve.to_json()
     stored = json.loads((tmp_path / "cache" / "cost_curves.json").read_text())
     assert list(stored) == ["tiny-fp32"]
+
+
+def test_a_draft_timed_on_a_busier_machine_than_the_curve_is_weighed_in_the_curves_units():
+    """The curve is measured once; the draft is timed live. When the target's passes now run 4x slower than
+    the curve says (another process), a level timed 4x slower is worth what it was: drafting goes on."""
+    quiet = TreePlanner(CPU, trained([0.8, 0.1]), draft_level_seconds=0.004)
+    busy = TreePlanner(CPU, trained([0.8, 0.1]), draft_level_seconds=0.016)
+    assert len(quiet.plan(8)) > 0 and len(busy.plan(8)) == 0  # without knowing the machine is busier
+    tree = TokenTree([5], [ROOT])
+    busy.observe(tree, TreeVerdict([0], [5], 9, True), draft_seconds=0.016, levels=1, pass_seconds=4 * CPU(2))
+    assert busy.slowdown == pytest.approx(4.0)
+    assert busy.plan(8) == quiet.plan(8)

@@ -212,7 +212,7 @@ class DraftTree(DraftModel):
         tree = draft.as_tree()
         self.length.observe(tree.depth, accepted, draft_seconds, target_pass_seconds)
         if self.planner is not None and verdict is not None:
-            self.planner.observe(tree, verdict, self.level_timing(), 1)
+            self.planner.observe(tree, verdict, self.level_timing(), 1, pass_seconds=target_pass_seconds)
         pending, self._pending = self._pending, None
         if pending is None or pending[0] is not draft.tree or verdict is None:
             self.kv.keep_path([])  # nothing to keep by: the next sync computes the accepted tokens

@@ -77,7 +77,8 @@ class UnionTree:
         tree = draft.as_tree()
         model = pending[0] if pending is not None and pending[1] is draft.tree else None
         if verdict is not None:
-            self.planner.observe(tree, verdict, self.model.level_timing() if model is not None else 0.0, 1)
+            self.planner.observe(tree, verdict, self.model.level_timing() if model is not None else 0.0, 1,
+                                 pass_seconds=target_pass_seconds)
         if model is None:  # not the tree proposed last: the draft's next sync drops its unverified tree
             return
         mine = model_verdict(model.as_tree(), verdict) if verdict is not None else None
