@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 from scipy.stats import chisquare
+from sequence_law import three_token_law
 
 from specdec.engine.acceptance import TreeVerdict
 from specdec.engine.draft_length import DraftLength
@@ -253,17 +254,7 @@ def test_sampling_with_a_tree_follows_the_target(target, tok):
     config = lambda seed: SamplingConfig(temperature=1.0, top_k=3, seed=seed)
     prompt = tok.encode("def add(a, b):\n    return")
 
-    def law_after(context):
-        return probabilities(KVModel(target).extend(context)[-1], config(0))
-
-    law = {}
-    p1 = law_after(prompt)
-    for x1 in torch.nonzero(p1).flatten().tolist():
-        p2 = law_after(prompt + [x1])
-        for x2 in torch.nonzero(p2).flatten().tolist():
-            p3 = law_after(prompt + [x1, x2])
-            for x3 in torch.nonzero(p3).flatten().tolist():
-                law[x1, x2, x3] = (p1[x1] * p2[x2] * p3[x3]).item()
+    law = three_token_law(target, prompt, config(0))
     session = Session(target, tok, DraftTree(target, TreeLimits(budget=4, depth=2, branch=2, width=2)))
     session.stop_token_ids = frozenset()  # every run yields three tokens
 

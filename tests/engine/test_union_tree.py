@@ -5,6 +5,7 @@ plain greedy, sampling follows the target) and credited per source."""
 import pytest
 import torch
 from scipy.stats import chisquare
+from sequence_law import three_token_law
 
 from specdec.engine.acceptance import TreeVerdict, verify_tree
 from specdec.engine.cost_curve import CostCurve
@@ -14,7 +15,7 @@ from specdec.engine.drafters.repo import RepoDrafter
 from specdec.engine.drafters.repo_index import RepoIndex
 from specdec.engine.drafters.union_tree import UnionTree, model_verdict
 from specdec.engine.kv import KVModel
-from specdec.engine.sampling import SamplingConfig, probabilities
+from specdec.engine.sampling import SamplingConfig
 from specdec.engine.session import GenerationConfig, Session, greedy_reference
 from specdec.engine.strategies import make_drafter, make_session, repo_drafters
 from specdec.engine.tree import DETERMINISTIC, ROOT, TokenTree
@@ -183,18 +184,8 @@ def test_sampling_with_the_union_follows_the_target(target, tok):
     position, each accepted now and then."""
     config = lambda seed: SamplingConfig(temperature=1.0, top_k=3, seed=seed)
 
-    def law_after(context):
-        return probabilities(KVModel(target).extend(context)[-1], config(0))
-
     prompt = tok.encode(TEXTS[0])
-    law = {}
-    p1 = law_after(prompt)
-    for x1 in torch.nonzero(p1).flatten().tolist():
-        p2 = law_after(prompt + [x1])
-        for x2 in torch.nonzero(p2).flatten().tolist():
-            p3 = law_after(prompt + [x1, x2])
-            for x3 in torch.nonzero(p3).flatten().tolist():
-                law[x1, x2, x3] = (p1[x1] * p2[x2] * p3[x3]).item()
+    law = three_token_law(target, prompt, config(0))
     drafter = union_drafter(target, TreeShape((ROOT, 0, ROOT, 2), (0, 0, 1, 0)))
     drafter.lookup = ThirdChoice(target)
     session = Session(target, tok, drafter)
