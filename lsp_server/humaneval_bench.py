@@ -160,6 +160,7 @@ def server_settings(args, strategies: list[str]) -> Settings:
     try:
         return Settings().update({"target": args.target, "draft": args.draft or "", "dtype": args.dtype,
                                   "draft_quant": args.draft_quant, "target_quant": args.target_quant,
+                                  "int4_kernel": args.int4_kernel,
                                   "max_draft": args.max_draft, "strategy": base, "adapters": False})
     except SettingsError as exc:
         raise SpecdecError(str(exc)) from None

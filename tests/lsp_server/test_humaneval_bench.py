@@ -212,3 +212,11 @@ def test_without_llama_cpp_the_llama_infill_row_is_skipped_with_the_install_comm
     printed = capsys.readouterr().out
     assert "llama.cpp is not installed: skipping llama-infill" in printed and "pip install" in printed
     assert json.loads(out.read_text())["configs"] == ["none/plain"]
+
+
+def test_the_server_settings_carry_every_model_flag_of_the_command_line():
+    args = SimpleNamespace(target="t", draft="d", dtype="fp32", draft_quant="none", target_quant="int4",
+                           int4_kernel="aten", max_draft=4)
+    settings = humaneval_bench.server_settings(args, ["plain"])
+    assert (settings.target_quant, settings.int4_kernel, settings.draft_quant, settings.dtype) == \
+        ("int4", "aten", "none", "fp32")
