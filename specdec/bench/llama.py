@@ -78,13 +78,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it dies, however it dies (a killed
-    benchmark would otherwise leave llama-servers holding a GB each)."""
+def die_with_parent():
+    """A preexec_fn: in the child before exec, SIGTERM when the process that started it dies, however it
+    dies (a killed benchmark would otherwise leave llama-servers holding a GB each). libc is looked up
+    here, in the parent: the child of a threaded parent should only make the call."""
     import ctypes
 
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    prctl, PR_SET_PDEATHSIG = ctypes.CDLL(None, use_errno=True).prctl, 1
+    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -106,7 +107,7 @@ class LlamaServer:
                "-t", str(self.threads), "-c", str(self.context), "-np", "1", "--no-webui", *self.extra]
         self.log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True,
-                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                        preexec_fn=die_with_parent() if sys.platform == "linux" else None)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -70,8 +70,8 @@ def test_a_server_dies_with_the_benchmark_that_started_it_even_when_killed():
     # the parent starts a child the way LlamaServer does, prints its pid and waits; SIGKILL gives it no cleanup
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        "from specdec.bench.llama import _die_with_parent\n"
-        "child = subprocess.Popen(['sleep', '60'], preexec_fn=_die_with_parent)\n"
+        "from specdec.bench.llama import die_with_parent\n"
+        "child = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent())\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())

@@ -78,6 +78,7 @@ class DraftTree(DraftModel):
         self._pending: tuple[TokenTree, list[int | None]] | None = None
         self.catch_up = 0  # tokens the latest draft's sync computed before its first level
         self._timed = (0.0, 0.0, 0)  # the latest draft: sync seconds, seconds of its level passes, level passes
+        self._levels_run = 0  # level passes of the draft being built
 
     def reset(self) -> None:
         super().reset()
@@ -88,8 +89,9 @@ class DraftTree(DraftModel):
     def level_timing(self) -> float:
         """Seconds per draft level of the latest draft, for a planner to learn from; 0.0 when it
         timed no level. Timed here rather than taken from the session's draft seconds: the sync
-        counts as a level only when it ran the usual bonus token or two. After plain steps it runs every token the target produced alone, which made a
-        level look many times dearer than it is, and a planner that believed it never drafted again."""
+        counts as a level only when it ran the usual bonus token or two. After plain steps it runs
+        every token the target produced alone, which made a level look many times dearer than it
+        is, and a planner that believed it never drafted again."""
         sync_seconds, level_seconds, levels = self._timed
         if self.catch_up <= STEADY_CATCH_UP:
             return (sync_seconds + level_seconds) / (levels + 1)
