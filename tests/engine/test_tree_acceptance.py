@@ -71,14 +71,20 @@ def draft_tree(laws, drawn: str, gen: torch.Generator) -> tuple[TokenTree, torch
 
 
 def emitted_pairs(drawn: str, n: int = N, seed: int = 0) -> torch.Tensor:
-    """[V, V] counts of the first two tokens of the stream; when a verdict yields one token
-    the second is drawn from the target, as the next round would."""
+    """[V, V] counts of the first two tokens of the stream from draft_tree's trees."""
+    return stream_pairs(lambda laws, gen: draft_tree(laws, drawn, gen), n, seed)
+
+
+def stream_pairs(make_tree, n: int, seed: int) -> torch.Tensor:
+    """[V, V] counts of the first two tokens of the stream, verifying make_tree(laws, gen)'s (tree,
+    target probabilities) n times; when a verdict yields one token the second is drawn from the
+    target, as the next round would."""
     laws = _laws()
     p_after = laws[2]
     gen = torch.Generator().manual_seed(seed)
     counts = torch.zeros(V, V)
     for _ in range(n):
-        tree, target_probs = draft_tree(laws, drawn, gen)
+        tree, target_probs = make_tree(laws, gen)
         v = verify_tree_probabilities(tree, target_probs, gen)
         stream = v.accepted_tokens + [v.next_token]
         if len(stream) < 2:
@@ -316,17 +322,7 @@ def merged_tree(laws, gen: torch.Generator, keep_q: bool = False) -> tuple[Token
 
 
 def merged_pairs(keep_q: bool, n: int = N) -> torch.Tensor:
-    laws = _laws()
-    gen = torch.Generator().manual_seed(1)
-    counts = torch.zeros(V, V)
-    for _ in range(n):
-        tree, target_probs = merged_tree(laws, gen, keep_q)
-        v = verify_tree_probabilities(tree, target_probs, gen)
-        stream = v.accepted_tokens + [v.next_token]
-        if len(stream) < 2:
-            stream.append(int(torch.multinomial(laws[2][stream[0]], 1, generator=gen)))
-        counts[stream[0], stream[1]] += 1
-    return counts
+    return stream_pairs(lambda laws, gen: merged_tree(laws, gen, keep_q), n, seed=1)
 
 
 def test_merged_sampled_and_lookup_children_follow_p():
