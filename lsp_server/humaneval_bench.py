@@ -166,8 +166,10 @@ def server_settings(args, strategies: list[str]) -> Settings:
         raise SpecdecError(str(exc)) from None
 
 
-def config_name(settings: Settings, strategy: str) -> str:
-    return strategy if strategy == LLAMA_INFILL else f"{settings.target_quant}/{strategy}"
+def config_name(settings: Settings, strategy: str, host=None) -> str:
+    """A row's name: llama-infill, or the target quantization that ran (auto resolved once loaded) / strategy."""
+    quant = host.target_quant if host is not None and host.target_quant else settings.target_quant
+    return strategy if strategy == LLAMA_INFILL else f"{quant}/{strategy}"
 
 
 def llama_anchor(settings: Settings):
@@ -269,7 +271,7 @@ def run(args, engine_default: str = "") -> int:
             raise SpecdecError(f"cannot load the models: {host.error}")
         load_seconds = time.perf_counter() - load_started
         print(f"models loaded in {load_seconds:.1f} s: target {settings.target} (target quant "
-              f"{settings.target_quant}), draft {settings.draft if needs_draft_model(settings.strategy) else '-'}",
+              f"{host.target_quant}), draft {settings.draft if needs_draft_model(settings.strategy) else '-'}",
               flush=True)
     out = Path(args.output if args.output != "bench-results/bench.json" else DEFAULT_OUTPUT)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +279,7 @@ def run(args, engine_default: str = "") -> int:
     # one's), is resumed from it
     partial = out.with_name(out.name + ".rows.jsonl")
     done = resumable_rows(partial, settings) if args.humaneval_resume else {}
-    resumed = sum((config_name(settings, s), t.task_id) in done for s in strategies for t in tasks)
+    resumed = sum((config_name(settings, s, host), t.task_id) in done for s in strategies for t in tasks)
     if args.humaneval_resume:
         print(f"resuming: {resumed} of {len(tasks) * len(strategies)} completions from {partial}", flush=True)
     rows, configs = [], []
@@ -290,7 +292,7 @@ def run(args, engine_default: str = "") -> int:
         for row in done.values():
             keep(row)
         for strategy in strategies:
-            config = config_name(settings, strategy)
+            config = config_name(settings, strategy, host)
             configs.append(config)
             todo = [t for t in tasks if (config, t.task_id) not in done]
             if strategy == LLAMA_INFILL:

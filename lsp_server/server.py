@@ -439,6 +439,7 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
     def stats(ls: SpecdecServer, params=None):
         return {"model": {"state": ls.host.state, "error": ls.host.error, "target": ls.settings.target,
                           "draft": ls.settings.draft, "strategy": ls.settings.strategy, "adapter": ls.host.adapter,
+                          "target_quant": ls.host.target_quant,
                           "adapter_error": ls.host.adapter_error, "progress": ls.host.progress},
                 "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune,
                 "repo_index": ls.indexer.stats() if ls.indexer is not None else {"state": "off"},

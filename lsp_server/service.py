@@ -91,6 +91,7 @@ class ModelHost:
         self._draft_model = None
         self.switchable = None  # SwitchableDraft when per-repository adapters are on
         self.draft_hash = ""
+        self.target_quant = ""  # what the target runs once loaded (targetQuant with auto resolved), for stats
         self._adapter_lookup: dict[str, tuple[float, object]] = {}  # workspace -> (registry mtime, meta)
         self._settings: Settings | None = None  # what was last applied (its swap may still be queued)
         self._plan: Plan | None = None
@@ -175,6 +176,7 @@ class ModelHost:
 
                 def publish() -> None:
                     self._draft_model, self.switchable, self.draft_hash = draft_model, switchable, draft_hash
+                    self.target_quant = pair.target_quant
                     self.adapter, self._adapter_lookup = "", {}
                     self.completer, self._plan, self._settings = completer, plan, settings
 

@@ -62,9 +62,10 @@ class Settings:
                          "(GPUs, CPUs with AVX512-BF16 or AMX), else fp32.",
                          choices=DTYPES, reload=True)
     draft_quant: str = setting("int8", "Draft model quantization.", choices=DRAFT_QUANT, reload=True)
-    target_quant: str = setting("none", "Target weights: int4 serves the GGUF's own Q4_K codes (the rest int8 per "
-                                "channel), int8 every linear per channel, none the dequantized floats. Speculation "
-                                "stays exact against whichever target runs.", choices=TARGET_QUANT, reload=True)
+    target_quant: str = setting("auto", "Target weights: int4 serves the GGUF's own Q4_K codes (the rest int8 per "
+                                "channel), int8 every linear per channel, none the dequantized floats; auto is int4 "
+                                "where the target was made from a GGUF and runs on CPU, else none. Speculation stays "
+                                "exact against whichever target runs.", choices=TARGET_QUANT, reload=True)
     int4_kernel: str = setting("auto", "The int4 target's matmul kernel: w4a8 is specdec's AVX512-VNNI kernel "
                                "(int8 activations, cheaper verify passes; compiled once per machine), aten PyTorch's "
                                "int4 kernel. Speculation stays exact with either.", choices=INT4_KERNELS,

@@ -132,7 +132,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     rows = []
     target_dtype = str(target.dtype).removeprefix("torch.")  # what `--dtype auto` resolved to
     print(f"{len(holes)} holes, strategies: {', '.join(strategies)}; target {args.target} ({target_dtype}), "
-          f"target quant {args.target_quant}{f' ({int4_kernel} kernel)' if int4_kernel else ''}, "
+          f"target quant {pair.target_quant}{f' ({int4_kernel} kernel)' if int4_kernel else ''}, "
           f"draft {args.draft if needs_draft else '-'} ({args.draft_quant})",
           flush=True)
     for hole in holes:
@@ -177,7 +177,7 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     out.write_text(json.dumps({
         "config": {k: v for k, v in vars(args).items() if k not in ("func", "bench_runners")},
         "target_dtype": target_dtype,
-        "target_quant": args.target_quant,
+        "target_quant": pair.target_quant,
         "int4_kernel": int4_kernel,
         "sources": [{"language": s.language, "package": s.package, "registry": s.registry, "file": s.member,
                      "license": s.license, "project": s.project} for s in sources],

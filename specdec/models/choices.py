@@ -4,8 +4,10 @@ validate against these before anything heavy loads)."""
 DTYPES = ("auto", "bf16", "fp32")  # auto: bf16 where the device computes it natively, else fp32
 # The target's weights: int4 = the GGUF's Q4_K codes as they are (specdec.models.int4), int8 = every
 # Linear int8 per channel, none = the dequantized float weights. Lossless in every mode: the
-# drafts are checked against whatever target runs.
-TARGET_QUANT = ("none", "int4", "int8")
+# drafts are checked against whatever target runs. auto (the default) = int4 where the target was made
+# from a GGUF and runs on CPU, else none (specdec.models.quantize.resolve_target_quant).
+TARGET_MODES = ("none", "int4", "int8")
+TARGET_QUANT = ("auto", *TARGET_MODES)
 # The int4 target's matmul kernel: aten = PyTorch's int4 CPU kernel (bf16 activations); w4a8 = specdec's
 # AVX512-VNNI kernel (int8 activations; a verify pass's rows cost far less each), compiled once per
 # machine; auto = w4a8 where it builds and runs, else aten (specdec.models.int4, specdec.models.w4a8).

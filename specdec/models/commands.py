@@ -30,9 +30,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-quant", choices=DRAFT_QUANT, default="int8",
                    help="quantize the draft (CPU; lossless either way: only the target decides; int8-down-fp32 "
                         "keeps the MLP output projections fp32: higher acceptance, slower draft step)")
-    p.add_argument("--target-quant", choices=TARGET_QUANT, default="none",
+    p.add_argument("--target-quant", choices=TARGET_QUANT, default="auto",
                    help="target weights on CPU: int4 = the GGUF's own Q4_K codes (group 32; the rest int8 per "
-                        "channel), int8 = every Linear int8 per channel, none = dequantized floats (default)")
+                        "channel), int8 = every Linear int8 per channel, none = dequantized floats, auto = int4 "
+                        "where the target was made from a GGUF and runs on CPU, else none (default)")
     p.add_argument("--int4-kernel", choices=INT4_KERNELS, default="auto",
                    help="--target-quant int4's matmul: w4a8 = specdec's AVX512-VNNI kernel (int8 activations; "
                         "compiled once per machine), aten = PyTorch's int4 kernel (bf16 activations), auto = w4a8 "

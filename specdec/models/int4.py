@@ -30,7 +30,7 @@ import torch
 from specdec.engine.limits import MAX_DRAFT
 from specdec.errors import SpecdecError
 from specdec.models import w4a8
-from specdec.models.choices import INT4_KERNELS, TARGET_QUANT
+from specdec.models.choices import INT4_KERNELS, TARGET_MODES
 from specdec.models.gguf_codes import (
     GROUP,
     QK_K,
@@ -53,7 +53,7 @@ OTHER = ("int8", "bf16")  # what the tensors that are not Q4_K become in int4 mo
 
 @dataclass
 class TargetQuantConfig:
-    mode: str = "none"  # one of TARGET_QUANT
+    mode: str = "none"  # one of TARGET_MODES
     dense_rows: int = DENSE_ROWS  # Int4Linear: above this many rows, the bf16 copy (0: never keep one)
     # int4 mode: Q6_K & co. (lm_head among them) as int8 per channel, or dequantized bf16. bf16 is
     # closer to the GGUF but not lossless-safe: torch's bf16 matmul computes a 1-row call
@@ -211,8 +211,8 @@ def quantize_target(model, config: TargetQuantConfig, gguf: Path | str | None = 
     int8: every Linear int8 per channel from the loaded weights. Everything else (norms,
     the embedding, attention) runs in `dtype`.
     """
-    if config.mode not in TARGET_QUANT:
-        raise ValueError(f"unknown target quantization {config.mode!r}; use one of {', '.join(TARGET_QUANT)}")
+    if config.mode not in TARGET_MODES:
+        raise ValueError(f"unknown target quantization {config.mode!r}; use one of {', '.join(TARGET_MODES)}")
     if config.other not in OTHER:
         raise ValueError(f"unknown treatment {config.other!r} for non-Q4_K tensors; use one of {', '.join(OTHER)}")
     if config.kernel not in INT4_KERNELS:

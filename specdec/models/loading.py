@@ -72,19 +72,25 @@ class ModelPair:
     target_quant: str = "none"
 
     def target_identity(self) -> dict:
-        """What changes what a target pass costs (engine.cost_curve.cost_curve_key's fields)."""
+        """What changes what a target pass costs (engine.cost_curve.cost_curve_key's fields): an int4
+        target's kernel too, since W4A8 and ATen price extra rows very differently."""
+        from specdec.models.int4 import int4_kernel_in_use
+
         model = self.target.model
+        kernel = int4_kernel_in_use(model) if self.target_quant == "int4" else ""
         return {"model": f"{self.target.spec}@{self.target.weight_hash}", "dtype": str(model.dtype),
-                "quantization": self.target_quant, "device": str(model.device)}
+                "quantization": f"{self.target_quant}:{kernel}" if kernel else self.target_quant,
+                "device": str(model.device)}
 
 
 def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", draft_quant: str = "int8",
               device: str | None = None, adapter: str | None = None, target_quant: str = "none",
               int4_kernel: str = "auto") -> ModelPair:
     """Target as asked (quantized per target_quant, one of TARGET_QUANT; int4 layers on int4_kernel, one of
-    INT4_KERNELS); draft checked against the target's tokenizer, its adapter applied, then quantized."""
+    INT4_KERNELS); draft checked against the target's tokenizer, its adapter applied, then quantized.
+    The pair's target_quant is the mode applied (auto resolved)."""
     target = load(target_spec, dtype, device)
-    quantize_target(target, target_quant, dtype, int4_kernel)
+    target_quant = quantize_target(target, target_quant, dtype, int4_kernel)
     if not draft_spec:
         return ModelPair(target, None, target_quant)
     return ModelPair(target, load_draft(draft_spec, target, dtype, draft_quant, device, adapter), target_quant)

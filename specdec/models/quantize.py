@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specdec.errors import SpecdecError
 from specdec.models.choices import DRAFT_QUANT, INT4_KERNELS, KEPT_FP32, TARGET_QUANT
-from specdec.models.store import target_gguf
+from specdec.models.store import made_from_gguf, target_gguf
 
 
 def quantize_draft(model, mode: str = "int8", originals: list | None = None):
@@ -43,16 +43,30 @@ def swap_int8(model, mode: str = "int8") -> list[tuple[object, str, object]]:
     return swapped
 
 
-def quantize_target(target, mode: str, dtype: str = "auto", int4_kernel: str = "auto") -> None:
-    """Swap a loaded target's (specdec.models.loading.LoadedModel) Linear layers for int4/int8 ones in place
-    (CPU); `none` leaves it as loaded. int4_kernel: one of INT4_KERNELS (specdec.models.int4.resolve_kernel).
-    An int4 target's layers come from the cache (one file per resolved kernel) after the first start."""
+def resolve_target_quant(mode: str, target) -> str:
+    """The TARGET_MODES entry `mode` means for this loaded target. auto is int4 where the target
+    has published Q4_K codes (a catalog model's Q4_K_M, a .gguf, a conversion that remembers
+    its GGUF) and runs on CPU: the served target is then the model people download, and its step
+    reads a third of bf16's bytes. Anywhere else auto is none: PyTorch's int4 kernels are CPU
+    ones, and re-rounding someone's float checkpoint is a quality change they did not ask for."""
     if mode not in TARGET_QUANT:
         raise SpecdecError(f"unknown target quantization {mode!r}; use one of {', '.join(TARGET_QUANT)}")
+    if mode != "auto":
+        return mode
+    on_cpu = next(target.model.parameters()).device.type == "cpu"
+    return "int4" if on_cpu and made_from_gguf(target.spec, target.path) else "none"
+
+
+def quantize_target(target, mode: str, dtype: str = "auto", int4_kernel: str = "auto") -> str:
+    """Swap a loaded target's (specdec.models.loading.LoadedModel) Linear layers for int4/int8 ones in place
+    (CPU); `none` leaves it as loaded, `auto` is resolve_target_quant's choice. int4_kernel: one of
+    INT4_KERNELS (specdec.models.int4.resolve_kernel). An int4 target's layers come from the cache (one file
+    per resolved kernel) after the first start. Returns the mode applied (one of TARGET_MODES)."""
+    mode = resolve_target_quant(mode, target)
     if int4_kernel not in INT4_KERNELS:
         raise SpecdecError(f"unknown int4 kernel {int4_kernel!r}; use one of {', '.join(INT4_KERNELS)}")
     if mode == "none":
-        return
+        return mode
     if next(target.model.parameters()).device.type != "cpu":
         raise SpecdecError(f"--target-quant {mode} runs PyTorch's CPU kernels; use none on {target.model.device}")
     from specdec.hardware import torch_dtype
@@ -63,3 +77,4 @@ def quantize_target(target, mode: str, dtype: str = "auto", int4_kernel: str = "
     weights = list(target.path.resolve().glob("*.safetensors"))  # a Linear the GGUF lacks comes from these
     quantize_target_cached(target.model, TargetQuantConfig(mode, kernel=int4_kernel), gguf, torch_dtype(dtype),
                            weights)
+    return mode

@@ -181,6 +181,18 @@ def list_cached() -> list[dict[str, Any]]:
     return rows
 
 
+def made_from_gguf(spec: str, path: Path) -> bool:
+    """Whether a loaded model's weights are a GGUF dequantized (a .gguf spec, a catalog pull, a
+    conversion): the published quantized codes exist, so int4 serves them rather than a new rounding."""
+    if Path(spec).suffix == ".gguf":
+        return True
+    try:
+        provenance = json.loads((path / PROVENANCE).read_text()) if (path / PROVENANCE).is_file() else {}
+    except (OSError, ValueError):
+        return False
+    return isinstance(provenance, dict) and bool(provenance.get("gguf"))
+
+
 def target_gguf(spec: str) -> Path | None:
     """The GGUF a target's int4 codes come from: the file itself, the one a cached conversion was
     made from, or a catalog model's published Q4_K_M (re-assembled from its cached wheels and

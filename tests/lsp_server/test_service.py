@@ -406,8 +406,11 @@ def test_target_quant_setting_serves_the_quantized_target(tiny_pair):
 
     host, settings = loaded_host(tiny_pair, targetQuant="int8")
     layer = host.completer.session.target.model.model.layers[0].mlp.up_proj
-    assert isinstance(layer, (Int4Linear, Int8ChannelLinear))
+    assert isinstance(layer, (Int4Linear, Int8ChannelLinear)) and host.target_quant == "int8"
     assert settings.models_differ(settings.update({"targetQuant": "none"}))
+    host, settings = loaded_host(tiny_pair)  # the default, auto: a float checkpoint without a GGUF stays as loaded
+    assert settings.target_quant == "auto" and host.target_quant == "none"
+    assert type(host.completer.session.target.model.model.layers[0].mlp.up_proj).__name__ == "Linear"
 
 
 def test_int4_kernel_setting_reaches_the_load(tiny_pair, monkeypatch):

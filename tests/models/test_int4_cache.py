@@ -218,3 +218,23 @@ def test_a_file_packed_for_the_other_kernel_is_refused(model_dir, both_kernels, 
     with pytest.raises(ValueError, match="packed for the 'w4a8' kernel"):
         int4_cache.load_layers(fresh, tmp_path / "forged.pt", key, torch.bfloat16)
     assert all(type(m) is not Int4Linear for m in fresh.modules())
+
+
+def test_auto_serves_the_gguf_codes_where_the_target_has_them_and_the_loaded_weights_otherwise(model_dir, tmp_path):
+    from specdec.errors import SpecdecError
+    from specdec.models.loading import LoadedModel
+    from specdec.models.quantize import resolve_target_quant
+
+    path, gguf = model_dir
+    pair = load_pair(str(path), None, dtype="bf16", target_quant="auto")  # the CLI's and the server's default
+    assert pair.target_quant == "int4" and kernels_of(pair.target)  # a conversion that remembers its GGUF
+    assert pair.target_identity()["quantization"] == f"int4:{kernels_of(pair.target).pop()}"  # curve per kernel
+    plain_dir = tiny.save(tmp_path, seed=1, name="float", hidden=HIDDEN)  # a float checkpoint with no GGUF
+    pair = load_pair(str(plain_dir), None, dtype="bf16", target_quant="auto")
+    assert pair.target_quant == "none" and pair.target_identity()["quantization"] == "none"
+    assert all(type(m) is not Int4Linear and type(m) is not Int8ChannelLinear for m in pair.target.model.modules())
+    on_meta = LoadedModel(str(gguf), path, tiny.model(seed=1, hidden=HIDDEN).to("meta"), None)
+    assert resolve_target_quant("auto", on_meta) == "none"  # not on CPU: PyTorch's int4 kernels are CPU ones
+    assert resolve_target_quant("int8", on_meta) == "int8"  # an explicit choice is kept as asked
+    with pytest.raises(SpecdecError, match="unknown target quantization 'int3'"):
+        resolve_target_quant("int3", on_meta)

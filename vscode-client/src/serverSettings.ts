@@ -38,7 +38,7 @@ export const SERVER_DEFAULTS: ServerSettings = {
   strategy: "auto",
   dtype: "auto",
   draftQuant: "int8",
-  targetQuant: "none",
+  targetQuant: "auto",
   int4Kernel: "auto",
   maxNewTokens: 64,
   maxDraft: 8,
