@@ -62,7 +62,7 @@ def _time_interleaved(fns: dict, config: KernelBenchConfig) -> dict[str, float]:
 
 def kernels(shape: tuple[int, int]) -> dict:
     """name -> fn(x) for one random weight of `shape`, each in the form the target would hold it.
-    int4 is ATen's int4 kernel; w4a8 (where it runs here) specdec's, on the same codes."""
+    int4 / int8 are ATen's kernels; w4a8 / w8a8 (where they run here) specdec's, on the same codes."""
     import torch
 
     from specdec.models import w4a8
@@ -78,6 +78,7 @@ def kernels(shape: tuple[int, int]) -> dict:
     fns = {"bf16": lambda x: torch.nn.functional.linear(x, dense), "int4": int4, "int8": int8}
     if w4a8.load() is not None:
         fns["w4a8"] = Int4Linear(codes, dense_rows=0, kernel="w4a8")
+        fns["w8a8"] = Int8ChannelLinear(int8_per_channel(weight), kernel="w8a8")
     return fns
 
 
@@ -98,15 +99,37 @@ def kernel_table(config: KernelBenchConfig) -> list[dict]:
     return rows_out
 
 
+def load_mode(target: str, mode: str):
+    """The target as a whole-model mode names it: a TARGET_QUANT, int4 optionally as int4:KERNEL (one of
+    INT4_KERNELS), and int4:w4a8:aten8 for W4A8 int4 layers beside ATen int8 ones (SPECDEC_W8A8=0)."""
+    import os
+
+    from specdec.models.loading import load_pair
+
+
+    quant, _, rest = mode.partition(":")
+    kernel, _, int8 = rest.partition(":")
+    if int8 not in ("", "aten8"):
+        raise ValueError(f"unknown int8 kernel suffix {int8!r} in {mode!r} (aten8)")
+    saved = os.environ.get("SPECDEC_W8A8")
+    if int8 == "aten8":
+        os.environ["SPECDEC_W8A8"] = "0"
+    try:
+        return load_pair(target, None, target_quant=quant, int4_kernel=kernel or "auto")
+    finally:
+        if saved is None:
+            os.environ.pop("SPECDEC_W8A8", None)
+        else:
+            os.environ["SPECDEC_W8A8"] = saved
+
+
 def model_steps(target: str, mode: str, context: int = 256, reps: int = 5) -> dict:
     """Decode-step (1 row) and verify (8 rows) ms of the whole target at `context` tokens of cache.
     mode: a TARGET_QUANT, int4 optionally as int4:KERNEL (one of INT4_KERNELS)."""
     from specdec.engine.kv import KVModel
-    from specdec.models.loading import load_pair
 
     start = time.perf_counter()
-    quant, _, kernel = mode.partition(":")
-    pair = load_pair(target, None, target_quant=quant, int4_kernel=kernel or "auto")
+    pair = load_mode(target, mode)
     load_s = time.perf_counter() - start
     kv = KVModel(pair.target.model)
     prompt = _timing_prompt(pair.target.tokenizer)
@@ -148,14 +171,12 @@ def interleaved_steps(target: str, modes: list[str], context: int = 256, reps: i
     from specdec.engine.kv import KVModel
     from specdec.engine.session import GenerationConfig, Session
     from specdec.models.int4 import Int4Linear, int4_kernel_in_use
-    from specdec.models.loading import load_pair
     from specdec.prompts.completion import Completer
 
     models, tokenizer, result = {}, None, {}
     for mode in modes:
-        quant, _, kernel = mode.partition(":")
         start = time.perf_counter()
-        pair = load_pair(target, None, target_quant=quant, int4_kernel=kernel or "auto")
+        pair = load_mode(target, mode)
         for layer in pair.target.model.modules():
             if isinstance(layer, Int4Linear):
                 layer.dense = None

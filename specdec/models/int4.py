@@ -1,6 +1,7 @@
 """The target in 4 bits on CPU: weight-only int4 (group 32) and int8 (per channel) Linear layers.
 
-int8 runs PyTorch's own CPU kernel (`_weight_int8pack_mm`) on bf16 activations. int4 runs one
+int8 layers run PyTorch's own CPU kernel (`_weight_int8pack_mm`) on bf16 activations, or W8A8
+(specdec.models.w4a8.matmul8) beside W4A8 int4 layers (int8_kernel_for). int4 runs one
 of two kernels, chosen once per model (TargetQuantConfig.kernel): ATen's
 (`_weight_int4pack_mm_for_cpu`, bf16 activations, exact int4 weights) or W4A8
 (specdec.models.w4a8: int8 activations and VNNI dot products, where the CPU has AVX512-VNNI),
@@ -22,6 +23,7 @@ same prompt the same way.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +64,22 @@ class TargetQuantConfig:
     other: str = "int8"
     # int4 layers' kernel, one of INT4_KERNELS: auto = w4a8 where it loads here, else aten
     kernel: str = "auto"
+
+
+INT8_KERNELS = ("aten", "w8a8")
+
+
+def int8_kernel_for(int4_kernel: str) -> str:
+    """The kernel an int4 target's int8 layers run beside its resolved int4 kernel: w8a8 beside w4a8 (the
+    same compiled module, the same activation codes), aten beside aten. SPECDEC_W8A8=0 keeps them on
+    ATen's (an A/B switch for benchmarks)."""
+    return "w8a8" if int4_kernel == "w4a8" and os.environ.get("SPECDEC_W8A8", "1") != "0" else "aten"
+
+
+def int8_kernel_fitting(kernel: str, out_features: int, in_features: int) -> str:
+    """kernel where it tiles the layer (w8a8: out % 16 == 0 and in % 32 == 0), else aten."""
+    fits = out_features % w4a8.TILE_N == 0 and in_features % GROUP == 0
+    return kernel if kernel == "aten" or fits else "aten"
 
 
 def resolve_kernel(choice: str) -> str:
@@ -153,42 +171,59 @@ class Int4Linear(torch.nn.Module):
 
 
 class Int8ChannelLinear(torch.nn.Module):
-    """y = x @ (codes * scale).T + b, weight-only int8 per output channel, float activations."""
+    """y = x @ (codes * scale).T + b, weight-only int8 per output channel.
 
-    def __init__(self, codes: Int8Codes, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16):
+    kernel: "aten" (`_weight_int8pack_mm`, float activations; codes [out, in]) or "w8a8" (w4a8.matmul8:
+    activations int8 per row and group of 32, as the W4A8 int4 layers beside it; packed: w4a8.pack8).
+    Either keeps only its own weight; scale is the same values in both (x's dtype; fp32 for w8a8)."""
+
+    def __init__(self, codes: Int8Codes, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
+                 kernel: str = "aten"):
         super().__init__()
         out_features, in_features = codes.codes.shape
-        self._install(in_features, out_features, dtype, codes.codes.contiguous(),
-                      codes.scale.to(dtype),  # the kernel takes scales in x's dtype
+        if kernel not in INT8_KERNELS:
+            raise ValueError(f"unknown int8 kernel {kernel!r}")
+        scale = codes.scale.to(dtype)  # the kernel takes scales in x's dtype
+        if kernel == "w8a8":
+            weight, scale = w4a8.pack8(codes.codes), scale.float()
+        else:
+            weight = codes.codes.contiguous()
+        self._install(in_features, out_features, dtype, kernel, weight, scale,
                       None if bias is None else bias.detach().to(dtype).clone())
 
-    def _install(self, in_features: int, out_features: int, dtype: torch.dtype, codes: torch.Tensor,
+    def _install(self, in_features: int, out_features: int, dtype: torch.dtype, kernel: str, weight: torch.Tensor,
                  scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
-        self.register_buffer("codes", codes)
+        self.out_features, self.in_features, self.dtype, self.kernel = out_features, in_features, dtype, kernel
+        self.register_buffer("packed" if kernel == "w8a8" else "codes", weight)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
         self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)
 
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor], in_features: int, out_features: int,
-                   dtype: torch.dtype) -> Int8ChannelLinear:
+                   dtype: torch.dtype, kernel: str = "aten") -> Int8ChannelLinear:
         """The layer from its own state_dict (specdec.models.int4_cache), bit for bit the same."""
+        if kernel not in INT8_KERNELS:
+            raise ValueError(f"unknown int8 kernel {kernel!r}")
         layer = cls.__new__(cls)
         torch.nn.Module.__init__(layer)
-        layer._install(in_features, out_features, dtype, state["codes"], state["scale"], state.get("bias"))
+        layer._install(in_features, out_features, dtype, kernel, state["packed" if kernel == "w8a8" else "codes"],
+                       state["scale"], state.get("bias"))
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, self.in_features).to(self.dtype).contiguous()
-        out = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scale)
+        if self.kernel == "w8a8":
+            out = w4a8.matmul8(rows, self.packed, self.scale)
+        else:
+            out = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scale)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}"
+        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}"
 
 
 def int4_kernel_in_use(model) -> str:
@@ -221,6 +256,7 @@ def quantize_target(model, config: TargetQuantConfig, gguf: Path | str | None = 
     if config.mode == "none":
         return counts
     kernel = resolve_kernel(config.kernel) if config.mode == "int4" else "aten"  # one kernel for every layer
+    int8_kernel = int8_kernel_for(kernel) if config.mode == "int4" else "aten"
     model.to(dtype)
     tensors = read_qwen2_linears(gguf) if (gguf is not None and config.mode == "int4") else {}
     for path, parent in list(model.named_modules()):
@@ -233,7 +269,7 @@ def quantize_target(model, config: TargetQuantConfig, gguf: Path | str | None = 
                 raise ValueError(f"GGUF tensor for {full} is {tensor.shape}, "
                                  f"the model's is {tuple(child.weight.shape)}")
             if config.mode == "int8":
-                layer, kind = Int8ChannelLinear(int8_per_channel(child.weight), _bias(child), dtype), "int8"
+                layer, kind = Int8ChannelLinear(int8_per_channel(child.weight), _bias(child), dtype, "aten"), "int8"
             elif tensor is not None and tensor.qtype == "Q4_K":
                 layer = Int4Linear(q4k_codes(tensor.data, tensor.shape[1]), _bias(child), config.dense_rows, dtype,
                                    kernel)
@@ -247,7 +283,9 @@ def quantize_target(model, config: TargetQuantConfig, gguf: Path | str | None = 
                     child.weight.data = weight.to(dtype)
                     counts["dense"] = counts.get("dense", 0) + 1
                     continue
-                layer, kind = Int8ChannelLinear(int8_per_channel(weight), _bias(child), dtype), "int8"
+                layer = Int8ChannelLinear(int8_per_channel(weight), _bias(child), dtype,
+                                          int8_kernel_fitting(int8_kernel, child.out_features, child.in_features))
+                kind = "int8"
             setattr(parent, name, layer)
             counts[kind] = counts.get(kind, 0) + 1
     return counts

@@ -33,13 +33,18 @@ from specdec.models.int4 import (
     Int4Linear,
     Int8ChannelLinear,
     TargetQuantConfig,
+    int8_kernel_fitting,
+    int8_kernel_for,
     quantize_target,
     resolve_kernel,
 )
 from specdec.paths import quantized_dir
 
-CACHE_FORMAT = 2  # bump when what a cached layer's buffers mean changes (2: per int4 kernel)
-INT8_LAYOUT = "aten._weight_int8pack_mm codes [out,in] scale [out]"
+CACHE_FORMAT = 3  # bump when what a cached layer's buffers mean changes (2: per int4 kernel, 3: int8 kernels)
+INT8_LAYOUTS = {  # what an int8 layer's buffers are, per int8 kernel (int8_kernel_for the int4 one)
+    "aten": "aten._weight_int8pack_mm codes [out,in] scale [out]",
+    "w8a8": f"specdec.models.w4a8.pack8 {w4a8.PACK8_LAYOUT}",
+}
 INT4_LAYOUTS = {  # what an int4 layer's packed buffers are, per resolved kernel
     "aten": f"aten._convert_weight_to_int4pack_for_cpu innerKTiles=1 group={GROUP}, scales_and_zeros [groups,out,2]",
     "w4a8": f"specdec.models.w4a8.pack {w4a8.PACK_LAYOUT}",
@@ -59,15 +64,18 @@ def _resolved(config: TargetQuantConfig) -> TargetQuantConfig:
 
 def cache_key(gguf: Path, weights: list[Path], config: TargetQuantConfig, dtype: torch.dtype) -> dict:
     config = _resolved(config)
-    layout = f"{INT4_LAYOUTS[config.kernel]}; {INT8_LAYOUT}"
+    layout = f"{INT4_LAYOUTS[config.kernel]}; {INT8_LAYOUTS[int8_kernel_for(config.kernel)]}"
     return {"format": CACHE_FORMAT, "layout": layout, "torch": torch.__version__, "gguf": file_identity(gguf),
             "weights": [file_identity(w) for w in sorted(weights)], "config": asdict(config), "dtype": str(dtype)}
 
 
 def cache_path(gguf: Path, config: TargetQuantConfig, dtype: torch.dtype) -> Path:
-    """One file per (GGUF, config with its kernel resolved, dtype): a new torch or a changed GGUF overwrites
-    it instead of adding one; the two int4 kernels have a file each."""
-    name = json.dumps([str(gguf.resolve()), asdict(_resolved(config)), str(dtype)], sort_keys=True)
+    """One file per (GGUF, config with its kernels resolved, dtype): a new torch or a changed GGUF overwrites
+    it instead of adding one; the two int4 kernels (and the int8 kernel beside each) have a file each."""
+    config = _resolved(config)
+    int8_kernel = int8_kernel_for(config.kernel)
+    odd = [f"int8:{int8_kernel}"] if int8_kernel != {"w4a8": "w8a8"}.get(config.kernel, "aten") else []  # SPECDEC_W8A8=0
+    name = json.dumps([str(gguf.resolve()), asdict(config), str(dtype), *odd], sort_keys=True)
     return quantized_dir() / f"{gguf.stem}-{hashlib.sha256(name.encode()).hexdigest()[:12]}.pt"
 
 
@@ -119,7 +127,7 @@ def save_layers(model, path: Path, key: dict, counts: dict[str, int]) -> None:
     for name, module in _layers(model).items():
         kind = _kind(module)
         layers[name] = {"kind": kind, "in": module.in_features, "out": module.out_features}
-        if kind == "int4":
+        if kind in ("int4", "int8"):
             layers[name]["kernel"] = module.kernel
         state = {"weight": module.weight.detach()} if kind == "dense" else module.state_dict()
         if kind == "dense" and module.bias is not None:
@@ -177,9 +185,16 @@ def load_layers(model, path: Path, key: dict, dtype: torch.dtype) -> dict[str, i
                 state["dense"] = _take(stored, f"{name}.dense", (out, inp), dtype)
             built[name] = Int4Linear.from_state(state, inp, out, config.dense_rows, dtype, config.kernel)
         elif entry["kind"] == "int8":
-            state = {"codes": _take(stored, f"{name}.codes", (out, inp), torch.int8),
-                     "scale": _take(stored, f"{name}.scale", (out,), dtype), "bias": bias}
-            built[name] = Int8ChannelLinear.from_state(state, inp, out, dtype)
+            kernel = int8_kernel_fitting(int8_kernel_for(config.kernel), out, inp)
+            if entry.get("kernel") != kernel:
+                raise ValueError(f"{name}: stored for the {entry.get('kernel')!r} int8 kernel, the key says {kernel!r}")
+            if kernel == "w8a8":
+                state = {"packed": _take(stored, f"{name}.packed", (out * inp,), torch.uint8),
+                         "scale": _take(stored, f"{name}.scale", (out,), torch.float32)}
+            else:
+                state = {"codes": _take(stored, f"{name}.codes", (out, inp), torch.int8),
+                         "scale": _take(stored, f"{name}.scale", (out,), dtype)}
+            built[name] = Int8ChannelLinear.from_state({**state, "bias": bias}, inp, out, dtype, kernel)
         elif entry["kind"] == "dense":
             built[name] = (_take(stored, f"{name}.weight", (out, inp), dtype), bias)
         else:

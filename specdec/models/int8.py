@@ -8,6 +8,26 @@ import warnings
 import torch
 
 from specdec.hardware import compute_dtype
+from specdec.models import w4a8
+
+
+def _w8a8_weight(inner) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """fbgemm's int8 codes and per-channel scales packed for specdec's W8A8 kernel (w4a8.matmul8), where
+    it runs here (AVX512-VNNI, SPECDEC_W8A8 not 0) and tiles the layer: the same weights, read about
+    twice as fast in a one-token draft step, since fbgemm converts every call's activations first.
+    None: fbgemm serves the layer."""
+    import os
+
+    weight = inner.weight()
+    out_features, in_features = weight.shape
+    if (os.environ.get("SPECDEC_W8A8", "1") == "0" or out_features % w4a8.TILE_N or in_features % w4a8.GROUP
+            or w4a8.load() is None):
+        return None
+    if weight.qscheme() != torch.per_channel_affine or bool(weight.q_per_channel_zero_points().any()):
+        return None  # only symmetric per-channel codes map onto the kernel as they are
+    bias = inner.bias()
+    return (w4a8.pack8(weight.int_repr()), weight.q_per_channel_scales().float().contiguous(),
+            None if bias is None else bias.detach().float())
 
 
 class _Int8Matmul(torch.autograd.Function):
@@ -49,6 +69,7 @@ class Int8Linear(torch.nn.Module):
                 dtype=torch.qint8)[0]
         object.__setattr__(self, "_inner", inner)  # not a registered submodule, see above
         object.__setattr__(self, "_dequantized", None)
+        object.__setattr__(self, "_w8a8", _w8a8_weight(inner))  # None: fbgemm runs every call
         self.grad_dtype = grad_dtype or compute_dtype()  # backward's matmul: emulated bf16 would crawl
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("weight", torch.empty(0, dtype=torch.float32), persistent=False)
@@ -60,11 +81,16 @@ class Int8Linear(torch.nn.Module):
         return self._dequantized
 
     def int8_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """fbgemm quantizes a call's activations with one scale. A prompt's first token carries
+        """W8A8 where it runs (see _w8a8_weight): every row quantized on its own, per group of 32.
+        Otherwise fbgemm, which quantizes a call's activations with one scale. A prompt's first token carries
         activations far larger than any other's (Qwen's attention sink), which would round every
         other row of a prefill away; so rows are grouped by power-of-two magnitude and each group
         is quantized on its own. A one-token decode step is one group, one call."""
         rows = x.reshape(-1, x.shape[-1])
+        if self._w8a8 is not None:
+            packed, scale, bias = self._w8a8
+            out = w4a8.matmul8(rows.contiguous(), packed, scale)
+            return (out if bias is None else out + bias).reshape(*x.shape[:-1], self.out_features)
         if len(rows) <= 1:
             return self._inner(x)
         magnitude = rows.abs().amax(-1).clamp(min=1e-30).log2().floor()

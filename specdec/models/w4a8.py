@@ -13,6 +13,12 @@ it moves them identically whatever the row count: each row is quantized alone an
 is accumulated in one fixed order (threads split columns only), so a row's result is bit-identical
 alone or among other rows. That is what lossless greedy speculation needs (see specdec.models.int4).
 
+The same module holds W8A8 (`matmul8`) for the int4 target's int8-per-channel layers (the GGUF's Q6_K
+tensors, lm_head among them: 0.4 G of the 1.5B's weights): ATen's `_weight_int8pack_mm` converts every
+weight to float for one row at a time, several times slower than reading it; here the same activation
+codes meet the int8 weights in `vpdpbusd` (weights offset by 128 to unsigned, the offset taken out
+exactly with the integer sum of each group's codes), with the same row independence.
+
 The C++ source is compiled once per machine with torch.utils.cpp_extension into
 `build_dir()` (under torch's extension cache, keyed by a hash of the source, flags, torch and
 Python), with per-function target attributes, so it also builds on a CPU that cannot run it.
@@ -37,6 +43,7 @@ TILE_N = 16  # output columns per tile: one zmm of int32/fp32 lanes
 BLOCK_BYTES = 320  # one (tile, group) block: 256 bytes of codes, 16 bf16 scales, 16 bf16 zeros
 # pack()'s output format, named in specdec.models.int4_cache's key: change it whenever pack() changes
 PACK_LAYOUT = "v1: [N/16 tiles][K/32 groups] blocks of 4x64 nibble-pair code bytes, 16 bf16 scales, 16 bf16 zeros"
+PACK8_LAYOUT = "v1: [N/16 tiles][K/32 groups] blocks of 8x64 bytes code+128; fp32 scale [N] apart"
 CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})  # as /proc/cpuinfo names them
 
 CPP_SOURCE = r"""
@@ -60,6 +67,7 @@ bool cpu_supported() {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma")
 
 static constexpr int BLK = 320;
+static constexpr int BLK8 = 512;
 
 static inline __m512 bf16x16_to_ps(const void* p) {
   __m256i h = _mm256_loadu_si256((const __m256i*)p);
@@ -134,7 +142,61 @@ static void tile_rows(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int
   }
 }
 
+// W8A8: MB rows x 16 columns of int8 weights (per output channel), G groups. Block layout: 8 x 64 bytes
+// R[j], R[j] byte i = code[col i / 4][k = 4 j + i % 4] + 128 (unsigned for vpdpbusd), 512 bytes a group.
+// dot(q + 128, x) = dot(q, x) + 128 * sum(x): the group's integer sum of x's codes takes the 128 out exactly.
+template <int MB>
+static void tile_kernel8(const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
+                         const int32_t* qsum, const float* scale, float* out, int64_t ldo) {
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* b = w + g * BLK8;
+    for (int c = 0; c < BLK8; c += 64) _mm_prefetch((const char*)(b + 4 * BLK8 + c), _MM_HINT_T0);
+    __m512i r[8];
+    for (int j = 0; j < 8; ++j) r[j] = _mm512_loadu_si512((const void*)(b + 64 * j));
+    for (int m = 0; m < MB; ++m) {
+      const int32_t* xp = (const int32_t*)(xq + m * K + 32 * g);
+      __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        i0 = _mm512_dpbusd_epi32(i0, r[j], _mm512_set1_epi32(xp[j]));
+        i1 = _mm512_dpbusd_epi32(i1, r[j + 1], _mm512_set1_epi32(xp[j + 1]));
+      }
+      __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(i0, i1), _mm512_set1_epi32(128 * qsum[m * G + g]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * G + g]), acc[m]);
+    }
+  }
+  __m512 sc = _mm512_loadu_ps(scale);
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_mul_ps(acc[m], sc));
+}
+
+static void tile_rows8(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
+                       const int32_t* qsum, const float* scale, float* out, int64_t ldo) {
+  switch (mb) {
+    case 1: tile_kernel8<1>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
+    case 2: tile_kernel8<2>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
+    case 3: tile_kernel8<3>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
+    case 4: tile_kernel8<4>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
+    case 5: tile_kernel8<5>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
+    case 6: tile_kernel8<6>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
+    case 7: tile_kernel8<7>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
+    default: tile_kernel8<8>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
+  }
+}
+
 #pragma GCC pop_options
+
+static void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xs, at::Tensor& xsum) {
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
+  int8_t* q = xq.data_ptr<int8_t>();
+  float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    if (x.scalar_type() == at::kFloat)
+      quantize_row(x.data_ptr<float>() + m * K, K, q + m * K, s + m * G, sm + m * G);
+    else
+      quantize_row(x.data_ptr<at::BFloat16>() + m * K, K, q + m * K, s + m * G, sm + m * G);
+  }
+}
 
 // x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 320]; returns [M, N] in x's dtype.
 at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) {
@@ -144,17 +206,11 @@ at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) 
   const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32, NT = N / 16;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == NT * G * BLK,
               "w4a8_mm: packed weight does not match N x K");
-  at::Tensor x = x_in.contiguous();
   at::Tensor xq = at::empty({M, K}, at::kChar), xs = at::empty({M, G}, at::kFloat),
              xsum = at::empty({M, G}, at::kFloat), yf = at::empty({M, N}, at::kFloat);
+  quantize_rows(x_in.contiguous(), xq, xs, xsum);
   int8_t* q = xq.data_ptr<int8_t>();
   float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>(), *o = yf.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    if (x.scalar_type() == at::kFloat)
-      quantize_row(x.data_ptr<float>() + m * K, K, q + m * K, s + m * G, sm + m * G);
-    else
-      quantize_row(x.data_ptr<at::BFloat16>() + m * K, K, q + m * K, s + m * G, sm + m * G);
-  }
   const uint8_t* w = packed.data_ptr<uint8_t>();
   at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
@@ -164,9 +220,43 @@ at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) 
   });
   return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
 }
+
+// x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 512]; scale fp32 [N] per output channel;
+// returns [M, N] in x's dtype.
+at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale) {
+  TORCH_CHECK(cpu_supported(), "w8a8_mm needs AVX512-VNNI");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 1 && scale.is_contiguous(), "w8a8_mm: fp32 scale [N]");
+  const int64_t N = scale.size(0);
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) % 32 == 0 && N % 16 == 0, "w8a8_mm: bad shapes");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16, "w8a8_mm: fp32 or bf16 x");
+  const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32, NT = N / 16;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == NT * G * BLK8,
+              "w8a8_mm: packed weight does not match N x K");
+  at::Tensor xq = at::empty({M, K}, at::kChar), xs = at::empty({M, G}, at::kFloat),
+             xsum = at::empty({M, G}, at::kFloat), qs = at::empty({M, G}, at::kInt), yf = at::empty({M, N}, at::kFloat);
+  quantize_rows(x_in.contiguous(), xq, xs, xsum);
+  int8_t* q = xq.data_ptr<int8_t>();
+  int32_t* qsum = qs.data_ptr<int32_t>();
+  for (int64_t i = 0; i < M * G; ++i) {
+    int32_t total = 0;
+    for (int k = 0; k < 32; ++k) total += q[32 * i + k];
+    qsum[i] = total;
+  }
+  const float *s = xs.data_ptr<float>(), *sc = scale.data_ptr<float>();
+  float* o = yf.data_ptr<float>();
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        tile_rows8((int)std::min<int64_t>(8, M - m0), w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G,
+                   qsum + m0 * G, sc + 16 * t, o + m0 * N + 16 * t, N);
+  });
+  return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
+}
 """
 
-_CPP_DECLS = "bool cpu_supported();\nat::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N);\n"
+_CPP_DECLS = ("bool cpu_supported();\nat::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N);\n"
+              "at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale);\n")
 # -ffp-contract=off: no fused multiply-adds the source did not write, so every row's arithmetic is the one above
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
 LDFLAGS = ("-fopenmp",)
@@ -243,7 +333,7 @@ def _build():
         print(f"specdec: building the W4A8 int4 kernel once for this machine into {directory} (about a minute)",
               file=sys.stderr, flush=True)
     directory.mkdir(parents=True, exist_ok=True)
-    return load_inline(name=name, cpp_sources=[_CPP_DECLS, CPP_SOURCE], functions=["w4a8_mm", "cpu_supported"],
+    return load_inline(name=name, cpp_sources=[_CPP_DECLS, CPP_SOURCE], functions=["w4a8_mm", "w8a8_mm", "cpu_supported"],
                        extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), build_directory=str(directory))
 
 
@@ -297,6 +387,35 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.
         return v.to(torch.bfloat16).reshape(nt, TILE_N, g).transpose(1, 2).contiguous().view(torch.uint8)
 
     return torch.cat([nibbles.reshape(nt, g, 256), per_tile(scale), per_tile(zero)], -1).reshape(-1).contiguous()
+
+
+def pack8(codes: torch.Tensor) -> torch.Tensor:
+    """codes int8 [N, K] (one scale per output channel, kept apart) -> w8a8's weight, uint8 [N / 16 * K / 32 * 512].
+
+    Tile by tile (16 columns), group by group (32 inputs) as pack(); within a block 8 x 64 bytes R[j],
+    R[j] byte i = code[column i // 4][k = 4 j + i % 4] + 128 (vpdpbusd multiplies unsigned by signed)."""
+    n, k = codes.shape
+    if n % TILE_N or k % GROUP:
+        raise ValueError(f"w8a8 needs out % {TILE_N} == 0 and in % {GROUP} == 0, got {n}x{k}")
+    nt, g = n // TILE_N, k // GROUP
+    unsigned = (codes.to(torch.int16) + 128).to(torch.uint8)
+    return unsigned.reshape(nt, TILE_N, g, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1).contiguous()
+
+
+def matmul8(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] fp32 or bf16 -> [M, N] in x's dtype: int8 weights (pack8) times int8 activations, scale fp32 [N]."""
+    module = load()
+    if module is None:
+        raise RuntimeError(f"the W4A8 kernel is unavailable: {_state['reason']}")
+    return module.w8a8_mm(x, packed, scale)
+
+
+def reference8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """matmul8's arithmetic in float64: x [M, K], int8 codes [N, K], scale [N] -> [M, N] fp64."""
+    q, xs, _ = quantize_activations(x)
+    m, n, g = x.shape[0], codes.shape[0], codes.shape[1] // GROUP
+    dots = torch.einsum("mgk,ngk->mng", q.double().reshape(m, g, GROUP), codes.double().reshape(n, g, GROUP))
+    return (dots * xs.double()[:, None, :]).sum(-1) * scale.double()[None]
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:

@@ -19,15 +19,16 @@ from specdec.models.loading import load_pair
 from specdec.paths import quantized_dir
 
 HIDDEN = 256  # Q4_K's super-block width
+VOCAB = 384  # lm_head rows W8A8 tiles (16 a tile): beside W4A8 the Q8_0 lm_head is a W8A8 layer
 PROMPT = "import os\nimport sys\n\ndef main():\n    pass\n\nfunction add(a, b) {\n  return"  # > DENSE_ROWS tokens
 
 
 @pytest.fixture
 def model_dir(tmp_path):
     """A tiny model directory that names its GGUF as a conversion from one does (specdec.json)."""
-    path = tiny.save(tmp_path, seed=1, hidden=HIDDEN)
+    path = tiny.save(tmp_path, seed=1, hidden=HIDDEN, vocab_size=VOCAB)
     gguf = tmp_path / "tiny-q4_k_m.gguf"
-    write_tiny_gguf(tiny.model(seed=1, hidden=HIDDEN), gguf)
+    write_tiny_gguf(tiny.model(seed=1, hidden=HIDDEN, vocab_size=VOCAB), gguf)
     (path / "specdec.json").write_text(json.dumps({"gguf": str(gguf)}))
     return path, gguf
 
@@ -91,7 +92,7 @@ def test_cached_layers_equal_converted_ones_for_each_treatment_of_the_rest(model
     weights = list(path.glob("*.safetensors"))
     models = []
     for _ in range(2):
-        model = tiny.model(seed=1, hidden=HIDDEN)
+        model = tiny.model(seed=1, hidden=HIDDEN, vocab_size=VOCAB)
         counts = int4_cache.quantize_target_cached(model, config, gguf, torch.bfloat16, weights)
         assert counts == ({"int4": 14, "int8": 1} if other == "int8" else {"int4": 14, "dense": 1})
         models.append(model)
@@ -144,7 +145,7 @@ def test_a_cache_that_does_not_fit_the_model_leaves_it_untouched(model_dir, tmp_
     other = tiny.model(seed=1, hidden=HIDDEN, layers=1)  # the same key over another model's layers
     counts = int4_cache.quantize_target(other, config, None, torch.bfloat16)
     int4_cache.save_layers(other, tmp_path / "foreign.pt", key, counts)
-    model = tiny.model(seed=1, hidden=HIDDEN)
+    model = tiny.model(seed=1, hidden=HIDDEN, vocab_size=VOCAB)
     with pytest.raises(ValueError, match="does not match"):
         int4_cache.load_layers(model, tmp_path / "foreign.pt", key, torch.bfloat16)
     assert all(type(m) is not Int4Linear for m in model.modules())
@@ -188,9 +189,10 @@ def test_each_kernel_has_its_own_cache_and_is_never_served_the_other(model_dir, 
     assert [c.kernel for c in conversions] == ["aten", "w4a8"]  # the second kernel did not take the first's file
     assert len(list(quantized_dir().glob("*.pt"))) == 2
     assert {k: kernels_of(t) for k, t in fresh.items()} == {"aten": {"aten"}, "w4a8": {"w4a8"}}
+    assert {k: t.model.lm_head.kernel for k, t in fresh.items()} == {"aten": "aten", "w4a8": "w8a8"}
     for kernel in ("w4a8", "aten"):
         cached = load_with(kernel)
-        assert kernels_of(cached) == {kernel}
+        assert kernels_of(cached) == {kernel} and cached.model.lm_head.kernel == fresh[kernel].model.lm_head.kernel
         want, got = buffers(fresh[kernel].model), buffers(cached.model)
         assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
         assert torch.equal(logits(cached), logits(fresh[kernel]))
@@ -209,12 +211,12 @@ def test_a_file_packed_for_the_other_kernel_is_refused(model_dir, both_kernels, 
     _, gguf = model_dir
     weights = []
     aten, other = TargetQuantConfig("int4", kernel="aten"), TargetQuantConfig("int4", kernel="w4a8")
-    model = tiny.model(seed=1, hidden=HIDDEN)
+    model = tiny.model(seed=1, hidden=HIDDEN, vocab_size=VOCAB)
     counts = int4_cache.quantize_target(model, other, gguf, torch.bfloat16)
     key = int4_cache.cache_key(gguf, weights, aten, torch.bfloat16)
     assert key["config"]["kernel"] == "aten" and key != int4_cache.cache_key(gguf, weights, other, torch.bfloat16)
     int4_cache.save_layers(model, tmp_path / "forged.pt", key, counts)  # w4a8's layers under aten's key
-    fresh = tiny.model(seed=1, hidden=HIDDEN)
+    fresh = tiny.model(seed=1, hidden=HIDDEN, vocab_size=VOCAB)
     with pytest.raises(ValueError, match="packed for the 'w4a8' kernel"):
         int4_cache.load_layers(fresh, tmp_path / "forged.pt", key, torch.bfloat16)
     assert all(type(m) is not Int4Linear for m in fresh.modules())
@@ -233,7 +235,7 @@ def test_auto_serves_the_gguf_codes_where_the_target_has_them_and_the_loaded_wei
     pair = load_pair(str(plain_dir), None, dtype="bf16", target_quant="auto")
     assert pair.target_quant == "none" and pair.target_identity()["quantization"] == "none"
     assert all(type(m) is not Int4Linear and type(m) is not Int8ChannelLinear for m in pair.target.model.modules())
-    on_meta = LoadedModel(str(gguf), path, tiny.model(seed=1, hidden=HIDDEN).to("meta"), None)
+    on_meta = LoadedModel(str(gguf), path, tiny.model(seed=1, hidden=HIDDEN, vocab_size=VOCAB).to("meta"), None)
     assert resolve_target_quant("auto", on_meta) == "none"  # not on CPU: PyTorch's int4 kernels are CPU ones
     assert resolve_target_quant("int8", on_meta) == "int8"  # an explicit choice is kept as asked
     with pytest.raises(SpecdecError, match="unknown target quantization 'int3'"):

@@ -15,7 +15,8 @@ from specdec.engine.strategies import make_session
 from specdec.errors import SpecdecError
 from specdec.models import w4a8
 from specdec.models.gguf_codes import q4k_codes, quantize_q4k
-from specdec.models.int4 import Int4Linear, TargetQuantConfig, quantize_target, resolve_kernel
+from specdec.models.gguf_codes import int8_per_channel
+from specdec.models.int4 import Int4Linear, Int8ChannelLinear, TargetQuantConfig, quantize_target, resolve_kernel
 
 HIDDEN = 256  # the smallest width Q4_K's 256-weight super-blocks fit
 PROMPTS = ["def add(a, b):\n    return", "class Point:\n    def", "for i in range(10):\n  ",
@@ -169,13 +170,17 @@ def test_unknown_kernel_is_refused():
 
 
 @pytest.fixture(scope="module")
-def w4a8_target(kernel):
+def w4a8_target(kernel, tmp_path_factory):
     import tiny
+    from gguf_files import write_tiny_gguf
 
-    model = tiny.model(seed=1, hidden=HIDDEN)
-    # in-process Q4_K (no GGUF): every Linear but lm_head fits; DENSE_ROWS keeps verifies on the kernel
-    assert quantize_target(model, TargetQuantConfig("int4", kernel="w4a8")) == {"int4": 14, "int8": 1}
+    model = tiny.model(seed=1, hidden=HIDDEN, vocab_size=384)  # 384 output rows: a lm_head W8A8 tiles
+    gguf = tmp_path_factory.mktemp("w4a8") / "tiny.gguf"
+    write_tiny_gguf(model, gguf)  # its lm_head is Q8_0, as a real GGUF keeps some tensors: an int8 layer
+    # DENSE_ROWS keeps verifies on the kernels
+    assert quantize_target(model, TargetQuantConfig("int4", kernel="w4a8"), gguf) == {"int4": 14, "int8": 1}
     assert {m.kernel for m in model.modules() if isinstance(m, Int4Linear)} == {"w4a8"}
+    assert model.lm_head.kernel == "w8a8"  # the int8 layer beside W4A8 ones runs W8A8
     return model
 
 
@@ -216,3 +221,90 @@ def test_load_pair_and_the_cli_flag_choose_the_kernel(kernel, tmp_path):
         assert parser.parse_args([*command, "--int4-kernel", "aten"]).int4_kernel == "aten"
         with pytest.raises(SystemExit):
             parser.parse_args([*command, "--int4-kernel", "avx2"])
+
+
+def random_int8(n: int, k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return int8_per_channel(torch.randn(n, k, generator=g) * (torch.rand(n, 1, generator=g) + 0.1))
+
+
+@pytest.mark.parametrize("n,k", [(256, 1536), (1536, 512), (32, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_matches_its_reference(kernel, n, k, dtype):
+    """int8 weights (offset to unsigned in the packing, the offset taken out again) times int8 activations,
+    against the same arithmetic in fp64; and within activation rounding of the exact int8 product."""
+    codes = random_int8(n, k)
+    x = activations(16, k).to(dtype)
+    y = w4a8.matmul8(x, w4a8.pack8(codes.codes), codes.scale.float())
+    assert y.dtype == dtype and y.shape == (16, n)
+    ref = w4a8.reference8(x, codes.codes, codes.scale.float())
+    rel = ((y.double() - ref).norm() / ref.norm()).item()
+    assert rel < (1e-5 if dtype == torch.float32 else 5e-3), rel
+    exact = x.double() @ (codes.codes.double() * codes.scale.double()[:, None]).T
+    assert 1e-4 < ((ref - exact).norm() / exact.norm()).item() < 3e-2  # the rounding is there, and small
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_rows_do_not_depend_on_the_call(kernel, dtype):
+    n, k = 256, 512
+    layer = Int8ChannelLinear(random_int8(n, k), torch.randn(n), dtype=dtype, kernel="w8a8")
+    assert layer.kernel == "w8a8" and layer.packed.numel() == n * k and not hasattr(layer, "codes")
+    x = activations(33, k).to(dtype)
+    with torch.inference_mode():
+        full = layer(x)
+        for rows in range(1, 34):
+            assert torch.equal(layer(x[:rows]), full[:rows]), rows
+        for i in range(33):
+            assert torch.equal(layer(x[i:i + 1])[0], full[i]), i
+    aten = Int8ChannelLinear(random_int8(n, k), torch.randn(n), dtype=dtype, kernel="aten")
+    rel = ((layer(x).double() - aten(x).double()).norm() / aten(x).double().norm()).item()
+    assert rel < 3e-2, rel  # the same layer on ATen's kernel (float activations): activation rounding apart
+
+
+def test_int8_layers_follow_the_int4_kernel_and_fall_back_where_w8a8_cannot_tile(kernel, monkeypatch, tmp_path):
+    import tiny
+    from gguf_files import write_tiny_gguf
+
+    from specdec.models.int4 import int8_kernel_fitting, int8_kernel_for
+
+    assert (int8_kernel_for("w4a8"), int8_kernel_for("aten")) == ("w8a8", "aten")
+    assert int8_kernel_fitting("w8a8", 372, 256) == "aten" and int8_kernel_fitting("w8a8", 384, 256) == "w8a8"
+    model = tiny.model(seed=1, hidden=HIDDEN)  # the tokenizer's 372 rows: no 16-row tiling
+    quantize_target(model, TargetQuantConfig("int4", kernel="w4a8"))
+    assert model.lm_head.kernel == "aten"
+    model = tiny.model(seed=1, hidden=HIDDEN, vocab_size=384)
+    quantize_target(model, TargetQuantConfig("int8"))  # --target-quant int8 stays on ATen's kernel
+    assert model.lm_head.kernel == "aten"
+    model = tiny.model(seed=1, hidden=HIDDEN, vocab_size=384)
+    write_tiny_gguf(model, tmp_path / "tiny.gguf")  # lm_head Q8_0: an int8 layer that W8A8 tiles
+    quantize_target(model, TargetQuantConfig("int4", kernel="w4a8"), tmp_path / "tiny.gguf")
+    assert model.lm_head.kernel == "w8a8"
+    monkeypatch.setenv("SPECDEC_W8A8", "0")  # the A/B switch: W4A8 int4 layers, ATen int8 ones
+    model = tiny.model(seed=1, hidden=HIDDEN, vocab_size=384)
+    quantize_target(model, TargetQuantConfig("int4", kernel="w4a8"), tmp_path / "tiny.gguf")
+    assert model.lm_head.kernel == "aten" and model.model.layers[0].mlp.up_proj.kernel == "w4a8"
+
+
+def test_pack8_refuses_shapes_the_kernel_cannot_tile():
+    with pytest.raises(ValueError, match="out % 16"):
+        w4a8.pack8(random_int8(24, 64).codes)
+
+
+def test_the_int8_draft_runs_w8a8_on_fbgemms_own_codes(kernel, monkeypatch):
+    """The draft's Int8Linear keeps fbgemm's per-channel codes and scales, read by W8A8: each row on its own
+    (no magnitude groups), as close to the float layer as fbgemm, and with SPECDEC_W8A8=0 fbgemm again."""
+    from specdec.models.int8 import Int8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 96)
+    layer = Int8Linear(linear)
+    assert layer._w8a8 is not None
+    x = activations(9, 256)
+    with torch.inference_mode():
+        want, got, fbgemm = linear(x), layer(x), layer._inner(x)
+        assert torch.equal(layer(x[4:5]), got[4:5])  # a row alone is the row among others
+    rel = lambda y: ((y - want).norm() / want.norm()).item()  # noqa: E731
+    assert rel(got) < 2e-2 and rel(got) < 2 * rel(fbgemm), (rel(got), rel(fbgemm))
+    monkeypatch.setenv("SPECDEC_W8A8", "0")
+    assert Int8Linear(linear)._w8a8 is None
+    assert Int8Linear(torch.nn.Linear(256, 90))._w8a8 is None  # 90 rows: no 16-row tiles
