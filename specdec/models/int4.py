@@ -226,6 +226,12 @@ class Int8ChannelLinear(torch.nn.Module):
         return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}"
 
 
+def kernels_in_use(model) -> str:
+    """Every quantized-layer kernel the target runs, e.g. "w4a8+w8a8": what a verify pass's cost depends on."""
+    kernels = {m.kernel for m in model.modules() if isinstance(m, (Int4Linear, Int8ChannelLinear))}
+    return "+".join(sorted(kernels))
+
+
 def int4_kernel_in_use(model) -> str:
     """The kernel a quantized target's int4 layers run: "aten", "w4a8", or "" when it has none."""
     return next((m.kernel for m in model.modules() if isinstance(m, Int4Linear)), "")

@@ -72,12 +72,12 @@ class ModelPair:
     target_quant: str = "none"
 
     def target_identity(self) -> dict:
-        """What changes what a target pass costs (engine.cost_curve.cost_curve_key's fields): an int4
-        target's kernel too, since W4A8 and ATen price extra rows very differently."""
-        from specdec.models.int4 import int4_kernel_in_use
+        """What changes what a target pass costs (engine.cost_curve.cost_curve_key's fields): a quantized
+        target's kernels too, since W4A8/W8A8 and ATen's price extra rows very differently."""
+        from specdec.models.int4 import kernels_in_use
 
         model = self.target.model
-        kernel = int4_kernel_in_use(model) if self.target_quant == "int4" else ""
+        kernel = kernels_in_use(model) if self.target_quant != "none" else ""
         return {"model": f"{self.target.spec}@{self.target.weight_hash}", "dtype": str(model.dtype),
                 "quantization": f"{self.target_quant}:{kernel}" if kernel else self.target_quant,
                 "device": str(model.device)}
