@@ -128,52 +128,48 @@ class LlamaReplay:
         return asyncio.ensure_future(send())
 
 
-def summarize_llama(records: list[LlamaRecord]) -> dict:
-    """The comparison row of the llama-server replay (all latencies client side: keystroke -> suggestion)."""
-    hits = [r for r in records if r.source in ("cache", "typeahead") and r.status == "served"]
-    model = [r for r in records if r.source == "model" and r.status in ("served", "empty")]
-    answered = [r for r in records if r.status == "served"]
-    computed = sum(r.prompt_n for r in model)
-    reused = sum(r.cache_n for r in model)
+def comparison_row(*, keystrokes: int, cancelled: int, errors: int, hit_ms: list[float], model_ms: list[float],
+                   answered_ms: list[float], reused: int, computed: int) -> dict:
+    """One row of the comparison, by the same arithmetic for either server (metrics.percentile: nearest rank)."""
     return {
-        "keystrokes": len(records),
-        "answered": len(answered),
-        "cancelled": sum(r.status == "cancelled" for r in records),
-        "errors": sum(r.status == "error" for r in records),
-        "typeahead_hits": len(hits),
-        "hit_p50_ms": percentile([r.ms for r in hits], 0.5),
-        "model_answers": len(model),
-        "model_p50_ms": percentile([r.ms for r in model], 0.5),
-        "model_p95_ms": percentile([r.ms for r in model], 0.95),
-        "suggestion_p50_ms": percentile([r.ms for r in answered], 0.5),
-        "suggestion_p95_ms": percentile([r.ms for r in answered], 0.95),
+        "keystrokes": keystrokes,
+        "answered": len(answered_ms),
+        "cancelled": cancelled,
+        "errors": errors,
+        "typeahead_hits": len(hit_ms),
+        "hit_p50_ms": percentile(hit_ms, 0.5),
+        "model_answers": len(model_ms),
+        "model_p50_ms": percentile(model_ms, 0.5),
+        "model_p95_ms": percentile(model_ms, 0.95),
+        "suggestion_p50_ms": percentile(answered_ms, 0.5),
+        "suggestion_p95_ms": percentile(answered_ms, 0.95),
         "prefill_reuse_rate": reused / (reused + computed) if reused + computed else None,
     }
+
+
+def summarize_llama(records: list[LlamaRecord]) -> dict:
+    """The comparison row of the llama-server replay (all latencies client side: keystroke -> suggestion)."""
+    model = [r for r in records if r.source == "model" and r.status in ("served", "empty")]
+    return comparison_row(
+        keystrokes=len(records), cancelled=sum(r.status == "cancelled" for r in records),
+        errors=sum(r.status == "error" for r in records),
+        hit_ms=[r.ms for r in records if r.source in ("cache", "typeahead") and r.status == "served"],
+        model_ms=[r.ms for r in model], answered_ms=[r.ms for r in records if r.status == "served"],
+        reused=sum(r.cache_n for r in model), computed=sum(r.prompt_n for r in model))
 
 
 def summarize_ours(client_records: list, server_records: list[dict]) -> dict:
     """The same row for `specdec serve`: hits and model answers from its metrics (request received ->
     suggestion ready), the suggestion times from the client (request sent -> item received)."""
     requests = [r for r in server_records if r.get("kind") == "request"]
-    hits = [r for r in requests if r["source"] in ("cache", "typeahead") and r.get("shown")]
     model = [r for r in requests if r["source"] == "model"]
-    served = [(r.done - r.sent) * 1000 for r in client_records if r.status == "served"]
-    reused = sum(r["prefill_reused"] for r in model)
-    computed = sum(r["prefill_computed"] for r in model)
-    return {
-        "keystrokes": len(client_records),
-        "answered": len(served),
-        "cancelled": sum(r.status == "cancelled" for r in client_records),
-        "errors": sum(r.status == "error" for r in client_records),
-        "typeahead_hits": len(hits),
-        "hit_p50_ms": percentile([r["latency_ms"] for r in hits], 0.5),
-        "model_answers": len(model),
-        "model_p50_ms": percentile([r["latency_ms"] for r in model], 0.5),
-        "model_p95_ms": percentile([r["latency_ms"] for r in model], 0.95),
-        "suggestion_p50_ms": statistics.median(served) if served else None,
-        "suggestion_p95_ms": percentile(served, 0.95),
-        "prefill_reuse_rate": reused / (reused + computed) if reused + computed else None,
-    }
+    return comparison_row(
+        keystrokes=len(client_records), cancelled=sum(r.status == "cancelled" for r in client_records),
+        errors=sum(r.status == "error" for r in client_records),
+        hit_ms=[r["latency_ms"] for r in requests if r["source"] in ("cache", "typeahead") and r.get("shown")],
+        model_ms=[r["latency_ms"] for r in model],
+        answered_ms=[(r.done - r.sent) * 1000 for r in client_records if r.status == "served"],
+        reused=sum(r["prefill_reused"] for r in model), computed=sum(r["prefill_computed"] for r in model))
 
 
 def print_comparison(rows: dict[str, dict]) -> None:

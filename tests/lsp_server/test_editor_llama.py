@@ -92,3 +92,24 @@ def test_the_comparison_row_of_our_server_reads_its_metrics():
     assert (row["keystrokes"], row["answered"], row["cancelled"], row["typeahead_hits"], row["model_answers"]) == \
         (4, 2, 1, 1, 2)
     assert row["hit_p50_ms"] == 1.0 and row["prefill_reuse_rate"] == pytest.approx(90 / 110)
+    # the same percentile as the llama row's: the nearest rank, never an average of two answers
+    assert row["suggestion_p50_ms"] in (pytest.approx(200.0), pytest.approx(10.0))
+    assert row["model_p50_ms"] in (200.0, 300.0)
+
+
+def test_both_rows_come_from_the_same_arithmetic():
+    """The same latencies give the same figures whichever server they came from."""
+    from types import SimpleNamespace
+
+    ms = [10.0, 20.0, 40.0, 80.0]
+    llama = [editor_llama.LlamaRecord("python", 0.0) for _ in ms]
+    for record, m in zip(llama, ms):
+        record.source, record.status, record.sent, record.done = "model", "served", 0.0, m / 1000
+        record.prompt_n, record.cache_n = 10, 90
+    ours_client = [SimpleNamespace(status="served", sent=0.0, done=m / 1000) for m in ms]
+    ours_server = [{"kind": "request", "source": "model", "latency_ms": m, "shown": True, "prefill_reused": 90,
+                    "prefill_computed": 10} for m in ms]
+    a, b = editor_llama.summarize_llama(llama), editor_llama.summarize_ours(ours_client, ours_server)
+    for key in ("answered", "model_answers", "model_p50_ms", "model_p95_ms", "suggestion_p50_ms",
+                "suggestion_p95_ms", "prefill_reuse_rate"):
+        assert a[key] == pytest.approx(b[key]), key
