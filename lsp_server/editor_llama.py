@@ -17,7 +17,6 @@ keystroke cancels it, as the VS Code client does with ours.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
