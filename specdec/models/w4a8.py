@@ -52,6 +52,7 @@ CPP_SOURCE = r"""
 #include <immintrin.h>
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 bool cpu_supported() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -93,6 +94,32 @@ static void quantize_row(const T* x, int64_t K, int8_t* q, float* xs, float* xsu
   }
 }
 
+// 16 columns' integer dot products over one group of 32: r[j] holds 4 unsigned weights of each column,
+// xp the row's 32 int8 activation codes as 8 words of 4 bytes; two accumulators in a fixed order.
+static inline __m512i group_dot(const __m512i* r, const int32_t* xp) {
+  __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+  for (int j = 0; j < 8; j += 2) {
+    i0 = _mm512_dpbusd_epi32(i0, r[j], _mm512_set1_epi32(xp[j]));
+    i1 = _mm512_dpbusd_epi32(i1, r[j + 1], _mm512_set1_epi32(xp[j + 1]));
+  }
+  return _mm512_add_epi32(i0, i1);
+}
+
+// Calls f(std::integral_constant<int, MB>) for mb rows, 1..8 (more are 8): each tile kernel is a template on MB.
+template <typename F>
+static void by_rows(int mb, F&& f) {
+  switch (mb) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
 // MB rows x 16 columns over all G groups of one tile. Block layout: 4 x 64 code bytes P[p] whose low
 // nibble is R[p] and high nibble R[p + 4], R[j] byte i = code[col i / 4][k = 4 j + i % 4] of the group;
 // then 16 bf16 scales and 16 bf16 zeros.
@@ -114,32 +141,13 @@ static void tile_kernel(const uint8_t* w, int64_t G, const int8_t* xq, int64_t K
     __m512 sc = bf16x16_to_ps(b + 256);
     __m512 mn = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), sc, bf16x16_to_ps(b + 288));  // zero - 8 scale
     for (int m = 0; m < MB; ++m) {
-      const int32_t* xp = (const int32_t*)(xq + m * K + 32 * g);
-      __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
-      for (int j = 0; j < 8; j += 2) {
-        i0 = _mm512_dpbusd_epi32(i0, r[j], _mm512_set1_epi32(xp[j]));
-        i1 = _mm512_dpbusd_epi32(i1, r[j + 1], _mm512_set1_epi32(xp[j + 1]));
-      }
-      __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), _mm512_set1_ps(xs[m * G + g]));
+      __m512i dot = group_dot(r, (const int32_t*)(xq + m * K + 32 * g));
+      __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * G + g]));
       acc[m] = _mm512_fmadd_ps(d, sc, acc[m]);
       accm[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum[m * G + g]), accm[m]);
     }
   }
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_add_ps(acc[m], accm[m]));
-}
-
-static void tile_rows(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
-                      const float* xsum, float* out, int64_t ldo) {
-  switch (mb) {
-    case 1: tile_kernel<1>(w, G, xq, K, xs, xsum, out, ldo); break;
-    case 2: tile_kernel<2>(w, G, xq, K, xs, xsum, out, ldo); break;
-    case 3: tile_kernel<3>(w, G, xq, K, xs, xsum, out, ldo); break;
-    case 4: tile_kernel<4>(w, G, xq, K, xs, xsum, out, ldo); break;
-    case 5: tile_kernel<5>(w, G, xq, K, xs, xsum, out, ldo); break;
-    case 6: tile_kernel<6>(w, G, xq, K, xs, xsum, out, ldo); break;
-    case 7: tile_kernel<7>(w, G, xq, K, xs, xsum, out, ldo); break;
-    default: tile_kernel<8>(w, G, xq, K, xs, xsum, out, ldo); break;
-  }
 }
 
 // W8A8: MB rows x 16 columns of int8 weights (per output channel), G groups. Block layout: 8 x 64 bytes
@@ -156,32 +164,13 @@ static void tile_kernel8(const uint8_t* w, int64_t G, const int8_t* xq, int64_t 
     __m512i r[8];
     for (int j = 0; j < 8; ++j) r[j] = _mm512_loadu_si512((const void*)(b + 64 * j));
     for (int m = 0; m < MB; ++m) {
-      const int32_t* xp = (const int32_t*)(xq + m * K + 32 * g);
-      __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
-      for (int j = 0; j < 8; j += 2) {
-        i0 = _mm512_dpbusd_epi32(i0, r[j], _mm512_set1_epi32(xp[j]));
-        i1 = _mm512_dpbusd_epi32(i1, r[j + 1], _mm512_set1_epi32(xp[j + 1]));
-      }
-      __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(i0, i1), _mm512_set1_epi32(128 * qsum[m * G + g]));
+      __m512i dot = _mm512_sub_epi32(group_dot(r, (const int32_t*)(xq + m * K + 32 * g)),
+                                     _mm512_set1_epi32(128 * qsum[m * G + g]));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * G + g]), acc[m]);
     }
   }
   __m512 sc = _mm512_loadu_ps(scale);
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_mul_ps(acc[m], sc));
-}
-
-static void tile_rows8(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
-                       const int32_t* qsum, const float* scale, float* out, int64_t ldo) {
-  switch (mb) {
-    case 1: tile_kernel8<1>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
-    case 2: tile_kernel8<2>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
-    case 3: tile_kernel8<3>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
-    case 4: tile_kernel8<4>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
-    case 5: tile_kernel8<5>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
-    case 6: tile_kernel8<6>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
-    case 7: tile_kernel8<7>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
-    default: tile_kernel8<8>(w, G, xq, K, xs, qsum, scale, out, ldo); break;
-  }
 }
 
 #pragma GCC pop_options
@@ -198,11 +187,26 @@ static void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xs, a
   }
 }
 
+static void check_x(const at::Tensor& x, int64_t N, const char* name) {
+  TORCH_CHECK(cpu_supported(), name, " needs AVX512-VNNI");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 32 == 0 && N % 16 == 0, name, ": bad shapes");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, name, ": fp32 or bf16 x");
+}
+
+// Every (16-column tile, block of <= 8 rows) of an M x N output: threads split tiles (columns) only, so each
+// output element is computed by one thread in one order whatever M is. tile(t, m0, mb) with mb a constant.
+template <typename F>
+static void over_tiles(int64_t NT, int64_t M, F&& tile) {
+  at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        by_rows((int)std::min<int64_t>(8, M - m0), [&](auto mb) { tile(t, m0, mb); });
+  });
+}
+
 // x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 320]; returns [M, N] in x's dtype.
 at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) {
-  TORCH_CHECK(cpu_supported(), "w4a8_mm needs AVX512-VNNI");
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) % 32 == 0 && N % 16 == 0, "w4a8_mm: bad shapes");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16, "w4a8_mm: fp32 or bf16 x");
+  check_x(x_in, N, "w4a8_mm");
   const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32, NT = N / 16;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == NT * G * BLK,
               "w4a8_mm: packed weight does not match N x K");
@@ -212,11 +216,8 @@ at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) 
   int8_t* q = xq.data_ptr<int8_t>();
   float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>(), *o = yf.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t m0 = 0; m0 < M; m0 += 8)
-        tile_rows((int)std::min<int64_t>(8, M - m0), w + t * G * BLK, G, q + m0 * K, K, s + m0 * G,
-                  sm + m0 * G, o + m0 * N + 16 * t, N);
+  over_tiles(NT, M, [&](int64_t t, int64_t m0, auto mb) {
+    tile_kernel<decltype(mb)::value>(w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
   });
   return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
 }
@@ -224,11 +225,9 @@ at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) 
 // x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 512]; scale fp32 [N] per output channel;
 // returns [M, N] in x's dtype.
 at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale) {
-  TORCH_CHECK(cpu_supported(), "w8a8_mm needs AVX512-VNNI");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 1 && scale.is_contiguous(), "w8a8_mm: fp32 scale [N]");
   const int64_t N = scale.size(0);
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) % 32 == 0 && N % 16 == 0, "w8a8_mm: bad shapes");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16, "w8a8_mm: fp32 or bf16 x");
+  check_x(x_in, N, "w8a8_mm");
   const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32, NT = N / 16;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == NT * G * BLK8,
               "w8a8_mm: packed weight does not match N x K");
@@ -245,11 +244,9 @@ at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::T
   const float *s = xs.data_ptr<float>(), *sc = scale.data_ptr<float>();
   float* o = yf.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t m0 = 0; m0 < M; m0 += 8)
-        tile_rows8((int)std::min<int64_t>(8, M - m0), w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G,
-                   qsum + m0 * G, sc + 16 * t, o + m0 * N + 16 * t, N);
+  over_tiles(NT, M, [&](int64_t t, int64_t m0, auto mb) {
+    tile_kernel8<decltype(mb)::value>(w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
+                                      o + m0 * N + 16 * t, N);
   });
   return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
 }
