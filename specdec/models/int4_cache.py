@@ -73,9 +73,10 @@ def cache_path(gguf: Path, config: TargetQuantConfig, dtype: torch.dtype) -> Pat
     """One file per (GGUF, config with its kernels resolved, dtype): a new torch or a changed GGUF overwrites
     it instead of adding one; the two int4 kernels (and the int8 kernel beside each) have a file each."""
     config = _resolved(config)
-    int8_kernel = int8_kernel_for(config.kernel)
-    odd = [f"int8:{int8_kernel}"] if int8_kernel != {"w4a8": "w8a8"}.get(config.kernel, "aten") else []  # SPECDEC_W8A8=0
-    name = json.dumps([str(gguf.resolve()), asdict(config), str(dtype), *odd], sort_keys=True)
+    parts = [str(gguf.resolve()), asdict(config), str(dtype)]
+    if config.kernel == "w4a8" and int8_kernel_for(config.kernel) == "aten":  # SPECDEC_W8A8=0: a file of its own
+        parts.append("int8:aten")
+    name = json.dumps(parts, sort_keys=True)
     return quantized_dir() / f"{gguf.stem}-{hashlib.sha256(name.encode()).hexdigest()[:12]}.pt"
 
 

@@ -240,3 +240,16 @@ def test_auto_serves_the_gguf_codes_where_the_target_has_them_and_the_loaded_wei
     assert resolve_target_quant("int8", on_meta) == "int8"  # an explicit choice is kept as asked
     with pytest.raises(SpecdecError, match="unknown target quantization 'int3'"):
         resolve_target_quant("int3", on_meta)
+
+
+def test_the_w8a8_switch_has_a_cache_file_of_its_own(model_dir, monkeypatch):
+    """SPECDEC_W8A8=0 (W4A8 int4 layers beside ATen int8 ones) never reads or overwrites the default file."""
+    _, gguf = model_dir
+    w4a8_config, aten_config = TargetQuantConfig("int4", kernel="w4a8"), TargetQuantConfig("int4", kernel="aten")
+    default = int4_cache.cache_path(gguf, w4a8_config, torch.bfloat16)
+    default_key = int4_cache.cache_key(gguf, [], w4a8_config, torch.bfloat16)
+    aten = int4_cache.cache_path(gguf, aten_config, torch.bfloat16)
+    monkeypatch.setenv("SPECDEC_W8A8", "0")
+    assert int4_cache.cache_path(gguf, w4a8_config, torch.bfloat16) not in (default, aten)
+    assert int4_cache.cache_key(gguf, [], w4a8_config, torch.bfloat16)["layout"] != default_key["layout"]
+    assert int4_cache.cache_path(gguf, aten_config, torch.bfloat16) == aten  # ATen's int4 has ATen's int8 anyway
