@@ -242,7 +242,7 @@ def test_auto_serves_the_gguf_codes_where_the_target_has_them_and_the_loaded_wei
         resolve_target_quant("int3", on_meta)
 
 
-def test_the_w8a8_switch_has_a_cache_file_of_its_own(model_dir, monkeypatch):
+def test_the_w8a8_switch_has_a_cache_file_of_its_own(model_dir, both_kernels, monkeypatch):
     """SPECDEC_W8A8=0 (W4A8 int4 layers beside ATen int8 ones) never reads or overwrites the default file."""
     _, gguf = model_dir
     w4a8_config, aten_config = TargetQuantConfig("int4", kernel="w4a8"), TargetQuantConfig("int4", kernel="aten")
