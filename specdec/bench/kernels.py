@@ -103,24 +103,16 @@ def load_mode(target: str, mode: str):
     """The target as a whole-model mode names it: a TARGET_QUANT, int4 optionally as int4:KERNEL (one of
     INT4_KERNELS), and int4:w4a8:aten8 for W4A8 int4 layers beside ATen int8 ones (SPECDEC_W8A8=0)."""
     import os
+    from unittest import mock
 
     from specdec.models.loading import load_pair
-
 
     quant, _, rest = mode.partition(":")
     kernel, _, int8 = rest.partition(":")
     if int8 not in ("", "aten8"):
         raise ValueError(f"unknown int8 kernel suffix {int8!r} in {mode!r} (aten8)")
-    saved = os.environ.get("SPECDEC_W8A8")
-    if int8 == "aten8":
-        os.environ["SPECDEC_W8A8"] = "0"
-    try:
+    with mock.patch.dict(os.environ, {"SPECDEC_W8A8": "0"} if int8 == "aten8" else {}):
         return load_pair(target, None, target_quant=quant, int4_kernel=kernel or "auto")
-    finally:
-        if saved is None:
-            os.environ.pop("SPECDEC_W8A8", None)
-        else:
-            os.environ["SPECDEC_W8A8"] = saved
 
 
 def model_steps(target: str, mode: str, context: int = 256, reps: int = 5) -> dict:

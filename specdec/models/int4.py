@@ -23,7 +23,6 @@ same prompt the same way.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,15 +70,14 @@ INT8_KERNELS = ("aten", "w8a8")
 
 def int8_kernel_for(int4_kernel: str) -> str:
     """The kernel an int4 target's int8 layers run beside its resolved int4 kernel: w8a8 beside w4a8 (the
-    same compiled module, the same activation codes), aten beside aten. SPECDEC_W8A8=0 keeps them on
-    ATen's (an A/B switch for benchmarks)."""
-    return "w8a8" if int4_kernel == "w4a8" and os.environ.get("SPECDEC_W8A8", "1") != "0" else "aten"
+    same compiled module, the same activation codes), aten beside aten, and aten under SPECDEC_W8A8=0
+    (w4a8.w8a8_enabled)."""
+    return "w8a8" if int4_kernel == "w4a8" and w4a8.w8a8_enabled() else "aten"
 
 
 def int8_kernel_fitting(kernel: str, out_features: int, in_features: int) -> str:
-    """kernel where it tiles the layer (w8a8: out % 16 == 0 and in % 32 == 0), else aten."""
-    fits = out_features % w4a8.TILE_N == 0 and in_features % GROUP == 0
-    return kernel if kernel == "aten" or fits else "aten"
+    """kernel where it tiles the layer (w4a8.tiles), else aten."""
+    return kernel if kernel == "aten" or w4a8.tiles(out_features, in_features) else "aten"
 
 
 def resolve_kernel(choice: str) -> str:
@@ -181,8 +179,6 @@ class Int8ChannelLinear(torch.nn.Module):
                  kernel: str = "aten"):
         super().__init__()
         out_features, in_features = codes.codes.shape
-        if kernel not in INT8_KERNELS:
-            raise ValueError(f"unknown int8 kernel {kernel!r}")
         scale = codes.scale.to(dtype)  # the kernel takes scales in x's dtype
         if kernel == "w8a8":
             weight, scale = w4a8.pack8(codes.codes), scale.float()
@@ -193,6 +189,8 @@ class Int8ChannelLinear(torch.nn.Module):
 
     def _install(self, in_features: int, out_features: int, dtype: torch.dtype, kernel: str, weight: torch.Tensor,
                  scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        if kernel not in INT8_KERNELS:
+            raise ValueError(f"unknown int8 kernel {kernel!r}")
         self.out_features, self.in_features, self.dtype, self.kernel = out_features, in_features, dtype, kernel
         self.register_buffer("packed" if kernel == "w8a8" else "codes", weight)
         self.register_buffer("scale", scale)
@@ -203,8 +201,6 @@ class Int8ChannelLinear(torch.nn.Module):
     def from_state(cls, state: dict[str, torch.Tensor], in_features: int, out_features: int,
                    dtype: torch.dtype, kernel: str = "aten") -> Int8ChannelLinear:
         """The layer from its own state_dict (specdec.models.int4_cache), bit for bit the same."""
-        if kernel not in INT8_KERNELS:
-            raise ValueError(f"unknown int8 kernel {kernel!r}")
         layer = cls.__new__(cls)
         torch.nn.Module.__init__(layer)
         layer._install(in_features, out_features, dtype, kernel, state["packed" if kernel == "w8a8" else "codes"],
@@ -262,7 +258,7 @@ def quantize_target(model, config: TargetQuantConfig, gguf: Path | str | None = 
     if config.mode == "none":
         return counts
     kernel = resolve_kernel(config.kernel) if config.mode == "int4" else "aten"  # one kernel for every layer
-    int8_kernel = int8_kernel_for(kernel) if config.mode == "int4" else "aten"
+    int8_kernel = int8_kernel_for(kernel)  # aten in int8 mode, whose kernel is aten
     model.to(dtype)
     tensors = read_qwen2_linears(gguf) if (gguf is not None and config.mode == "int4") else {}
     for path, parent in list(model.named_modules()):

@@ -17,12 +17,8 @@ def _w8a8_weight(inner) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None
     dot products without fbgemm's per-call activation pass and row grouping: a cheaper draft step,
     most of all for the two-token sync that starts most drafts (docs/benchmarks.md, *W8A8*).
     None: fbgemm serves the layer."""
-    import os
-
     weight = inner.weight()
-    out_features, in_features = weight.shape
-    if (os.environ.get("SPECDEC_W8A8", "1") == "0" or out_features % w4a8.TILE_N or in_features % w4a8.GROUP
-            or w4a8.load() is None):
+    if not (w4a8.w8a8_enabled() and w4a8.tiles(*weight.shape)) or w4a8.load() is None:
         return None
     if weight.qscheme() != torch.per_channel_affine or bool(weight.q_per_channel_zero_points().any()):
         return None  # only symmetric per-channel codes map onto the kernel as they are

@@ -366,6 +366,17 @@ def packed_bytes(out_features: int, in_features: int) -> int:
     return out_features // TILE_N * (in_features // GROUP) * BLOCK_BYTES
 
 
+def tiles(out_features: int, in_features: int) -> bool:
+    """Whether the kernels' 16-column tiles and 32-input groups cover an [out_features, in_features] weight."""
+    return out_features % TILE_N == 0 and in_features % GROUP == 0
+
+
+def w8a8_enabled() -> bool:
+    """False under SPECDEC_W8A8=0, which keeps int8 layers on ATen's (target) and fbgemm's (draft) kernels:
+    the A/B switch for benchmarks."""
+    return os.environ.get("SPECDEC_W8A8", "1") != "0"
+
+
 def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """codes uint8 [N, K] (0..15), scale/zero [N, K / 32] -> the kernel's weight, uint8 [N / 16 * K / 32 * 320].
 
@@ -374,7 +385,7 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.
     low nibble R[p] and high nibble R[p + 4], R[j] byte i = code[column i // 4][k = 4 j + i % 4] of
     the group; then the 16 columns' scales and zeros, rounded to bf16."""
     n, k = codes.shape
-    if n % TILE_N or k % GROUP:
+    if not tiles(n, k):
         raise ValueError(f"w4a8 needs out % {TILE_N} == 0 and in % {GROUP} == 0, got {n}x{k}")
     nt, g = n // TILE_N, k // GROUP
     r = codes.to(torch.uint8).reshape(nt, TILE_N, g, 8, 4).permute(0, 2, 3, 1, 4).reshape(nt, g, 8, 64)
@@ -392,7 +403,7 @@ def pack8(codes: torch.Tensor) -> torch.Tensor:
     Tile by tile (16 columns), group by group (32 inputs) as pack(); within a block 8 x 64 bytes R[j],
     R[j] byte i = code[column i // 4][k = 4 j + i % 4] + 128 (vpdpbusd multiplies unsigned by signed)."""
     n, k = codes.shape
-    if n % TILE_N or k % GROUP:
+    if not tiles(n, k):
         raise ValueError(f"w8a8 needs out % {TILE_N} == 0 and in % {GROUP} == 0, got {n}x{k}")
     nt, g = n // TILE_N, k // GROUP
     unsigned = (codes.to(torch.int16) + 128).to(torch.uint8)
