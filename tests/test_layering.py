@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"specdec": "specdec", "lsp_server": "lsp_server", "specdec_adapters": "adapters",
-           "specdec_finetune": "finetune"}  # import name -> folder (pyproject's package-dir)
+           "specdec_finetune": "finetune"}  # import name -> folder (setup.py's package_dir)
 ALLOWED = {  # what each package may import from the others
     "specdec": set(),
     "specdec_adapters": {"specdec"},
