@@ -10,7 +10,8 @@ layout and this code's format; those make the key stored in the file. Each kerne
 is stored as it runs, not the kernel-neutral codes: a start then maps the file and packs nothing. A file whose key differs
 is stale and rebuilt in place. Files are written aside and renamed into place, so a reader never
 sees half of one; a file that does not read back (truncated, damaged, not ours) is a warning and
-a rebuild, never a failed load. The layers' buffers are memory-mapped from the file (torch.load
+a rebuild, never a failed load; one that cannot be written (a full disk, a read-only folder) is
+one line in the log and a start served without it. The layers' buffers are memory-mapped from the file (torch.load
 with mmap), so a start copies nothing and the page cache shares them between processes; torch's
 format aligns every tensor to 64 bytes, which ATen's int8 kernel needs (safetensors packs tensors
 back to back, and a misaligned int8 weight crashes `_weight_int8pack_mm`).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import warnings
 from dataclasses import asdict, replace
@@ -39,6 +41,8 @@ from specdec.models.int4 import (
     resolve_kernel,
 )
 from specdec.paths import quantized_dir
+
+log = logging.getLogger("specdec.models")
 
 CACHE_FORMAT = 3  # bump when what a cached layer's buffers mean changes (2: per int4 kernel, 3: int8 kernels)
 INT8_LAYOUTS = {  # what an int8 layer's buffers are, per int8 kernel (int8_kernel_for the int4 one)
@@ -92,24 +96,32 @@ def quantize_target_cached(model, config: TargetQuantConfig, gguf: Path | str | 
     gguf = Path(gguf)
     config = _resolved(config)  # one kernel decides the key, the file and the conversion
     key = cache_key(gguf, list(weights), config, dtype)
-    path = cache_path(gguf, config, dtype)
+    try:
+        path = cache_path(gguf, config, dtype)
+    except OSError as exc:  # the cache folder cannot even be made (a read-only or full cache dir)
+        log.warning("specdec: cannot use the int4 cache folder (%s); serving without the cache", _first_line(exc))
+        return quantize_target(model, config, gguf, dtype)
     if path.is_file():
         try:
             counts = load_layers(model, path, key, dtype)
         except Exception as exc:  # noqa: BLE001 - anything at all: a cache must never fail a load
             warnings.warn(f"specdec: int4 cache {path} is unreadable ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''}); rebuilding it", RuntimeWarning,
-                          stacklevel=2)
+                          f"{_first_line(exc)}); rebuilding it", RuntimeWarning, stacklevel=2)
             counts = None
         if counts is not None:
             return counts
     counts = quantize_target(model, config, gguf, dtype)
     try:
         save_layers(model, path, key, counts)
-    except OSError as exc:  # a full disk or a read-only cache: this start is done, the next converts again
-        warnings.warn(f"specdec: cannot write the int4 cache {path} ({exc}); the next start converts again",
-                      RuntimeWarning, stacklevel=2)
+    except Exception as exc:  # noqa: BLE001 - a full disk (torch.save raises RuntimeError), a read-only folder...
+        log.warning("specdec: cannot write the int4 cache %s (%s); serving without it, the next start converts "
+                    "again", path, _first_line(exc))
     return counts
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _layers(model) -> dict[str, torch.nn.Module]:

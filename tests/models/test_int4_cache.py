@@ -2,9 +2,11 @@
 model it gives is bit for bit the converted one, a damaged or stale file is rebuilt, and each int4
 kernel (aten, w4a8) has its own file that the other is never served."""
 
+import errno
 import json
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 import tiny
@@ -154,17 +156,56 @@ def test_a_cache_that_does_not_fit_the_model_leaves_it_untouched(model_dir, tmp_
     assert int4_cache.load_layers(model, tmp_path / "foreign.pt", stale, torch.bfloat16) is None
 
 
-def test_an_unwritable_cache_warns_and_the_load_goes_on(model_dir, conversions, monkeypatch):
+def unwritable_folder(tmp_path) -> Path:
+    """A folder this process cannot create files in: read-only by its mode, or sysfs where the tests run as root."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    for candidate in (folder, Path("/sys")):
+        try:
+            (candidate / "probe").touch()
+        except OSError:
+            return candidate
+        (candidate / "probe").unlink()
+    pytest.skip("no folder here refuses this process's writes")
+
+
+@pytest.mark.parametrize("failure", ["full disk on rename", "full disk in torch.save", "read-only folder",
+                                     "no folder"])
+def test_an_unwritable_cache_warns_once_and_the_load_goes_on(model_dir, conversions, monkeypatch, caplog, tmp_path,
+                                                             failure):
+    """Issue #40.9: a full disk failed the load with torch's `[enforce fail at inline_container.cc:672]`."""
     path, _ = model_dir
+    folder = quantized_dir()
+    if failure == "full disk on rename":
+        def full_disk(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    def full_disk(*args, **kwargs):
-        raise OSError(28, "No space left on device")
+        monkeypatch.setattr(int4_cache.os, "replace", full_disk)
+    elif failure == "full disk in torch.save":
+        def half_written(obj, file, *args, **kwargs):  # what PyTorch's zip writer does when the disk fills up
+            Path(file).write_bytes(b"PK\x03\x04" + bytes(1000))
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1064 vs 1000")
 
-    monkeypatch.setattr(int4_cache.os, "replace", full_disk)
-    with pytest.warns(RuntimeWarning, match="cannot write"):
+        monkeypatch.setattr(int4_cache.torch, "save", half_written)
+    elif failure == "read-only folder":
+        folder = unwritable_folder(tmp_path)
+        monkeypatch.setattr(int4_cache, "quantized_dir", lambda: folder)
+    else:
+        def no_folder():
+            raise OSError(errno.EROFS, "Read-only file system", str(folder))
+
+        monkeypatch.setattr(int4_cache, "quantized_dir", no_folder)
+    before = set(folder.iterdir())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said through the log, once, not as a Python warning
         target = load(path)
     assert isinstance(target.model.model.layers[0].mlp.up_proj, Int4Linear)
-    assert not list(quantized_dir().iterdir())  # no file, no leftover partial one
+    said = [r.getMessage() for r in caplog.records if "int4 cache" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and "serving without" in said[0], said
+    assert str(folder) in said[0]  # where
+    assert set(folder.iterdir()) == before  # no file, no leftover partial one
+    assert torch.equal(logits(target), logits(load(path)))  # the next start converts again, to the same model
 
 
 @pytest.fixture
