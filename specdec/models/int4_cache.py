@@ -3,8 +3,8 @@
 Converting is most of an int4 start: parsing the GGUF's metadata, unpacking the Q4_K codes,
 repacking them into the int4 kernel's layout, dequantizing the dense prefill copy, rounding the
 Q6_K tensors to int8. Its result depends only on the GGUF, the loaded weights (a Linear the GGUF
-lacks is quantized from them), the TargetQuantConfig with its kernel resolved ("auto" becomes
-"aten" or "w4a8": each kernel has its own packed layout and its own file, so a cache written for
+lacks is quantized from them; both files told apart by content), the TargetQuantConfig with its
+kernel resolved ("auto" becomes "aten" or "w4a8": each kernel has its own packed layout and its own file, so a cache written for
 one is never served to the other), the dtype, torch (which owns ATen's layout), the kernel's
 layout and this code's format; those make the key stored in the file. Each kernel's packed weight
 is stored as it runs, not the kernel-neutral codes: a start then maps the file and packs nothing. A file whose key differs
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from specdec.models import w4a8
+from specdec.models.file_digest import content_digest
 from specdec.models.gguf_codes import GROUP
 from specdec.models.int4 import (
     Int4Linear,
@@ -56,9 +57,10 @@ INT4_LAYOUTS = {  # what an int4 layer's packed buffers are, per resolved kernel
 
 
 def file_identity(path: Path) -> dict:
-    """Which file, as cheaply as it can be told apart: hashing a 1 GB GGUF would cost a second of every start."""
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    """Which file, by its content (specdec.models.file_digest: header, first MB of data, samples, size), not its
+    path and mtime: a GGUF of the same size copied over with its mtime kept (`cp -p`) is another file. A file
+    cached under the old path/size/mtime key is simply stale."""
+    return {"size": path.stat().st_size, "sha256": content_digest(path)}
 
 
 def _resolved(config: TargetQuantConfig) -> TargetQuantConfig:

@@ -29,8 +29,11 @@ def cache_name(model_id: str) -> str:
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    """The GGUF's conversion, named by its path and content (not its mtime: a GGUF copied over with `cp -p`
+    is another model; specdec.models.file_digest)."""
+    from specdec.models.file_digest import content_digest
+
+    key = hashlib.sha256(f"{gguf.resolve()}:{content_digest(gguf)}".encode()).hexdigest()[:16]
     return models_dir() / f"gguf-{gguf.stem}-{key}"
 
 

@@ -125,16 +125,57 @@ def test_a_corrupted_cache_warns_and_is_rebuilt(model_dir, conversions):
     assert len(conversions) == 3
 
 
-def test_a_changed_gguf_makes_the_cache_stale(model_dir, conversions):
+def test_a_touched_gguf_is_still_served_from_the_cache(model_dir, conversions):
+    """The key is the GGUF's content: a new mtime alone (a `touch`, a fresh checkout) converts nothing."""
     path, gguf = model_dir
-    load(path)
+    reference = logits(load(path))
     stamp = gguf.stat().st_mtime_ns + 10**9
     os.utime(gguf, ns=(stamp, stamp))
+    assert torch.equal(logits(load(path)), reference)
+    assert len(conversions) == 1
+
+
+def test_another_gguf_of_the_same_size_and_mtime_is_not_served_the_old_cache(model_dir, conversions, tmp_path):
+    """Issue #40.15: `cp -p`, `rsync -a`, `tar -x` put another GGUF of the same size in place with the mtime kept."""
+    path, gguf = model_dir
+    old = load(path)
+    other = tmp_path / "other.gguf"
+    write_tiny_gguf(tiny.model(seed=3, hidden=HIDDEN, vocab_size=VOCAB), other)
+    assert other.stat().st_size == gguf.stat().st_size and other.read_bytes() != gguf.read_bytes()
+    stamp = gguf.stat()
+    config, weights = TargetQuantConfig("int4"), list(path.glob("*.safetensors"))
+    before = int4_cache.cache_key(gguf, weights, config, torch.bfloat16)
+    gguf.write_bytes(other.read_bytes())  # copied over, its mtime kept
+    os.utime(gguf, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert gguf.stat().st_mtime_ns == stamp.st_mtime_ns and gguf.stat().st_size == stamp.st_size
+    assert int4_cache.cache_key(gguf, weights, config, torch.bfloat16) != before
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # stale is not damage: no warning
-        load(path)
+        new = load(path)
     assert len(conversions) == 2
     assert len(list(quantized_dir().glob("*.pt"))) == 1  # overwritten, not added
+    layer = "model.layers.0.mlp.up_proj.packed"
+    assert not torch.equal(buffers(old.model)[layer], buffers(new.model)[layer])  # the new GGUF's codes
+    fresh = tiny.model(seed=1, hidden=HIDDEN, vocab_size=VOCAB)  # converted from the new GGUF, no cache
+    int4_cache.quantize_target(fresh, config, gguf, torch.bfloat16)
+    assert torch.equal(buffers(fresh)[layer], buffers(new.model)[layer])
+    load(path)
+    assert len(conversions) == 3  # the two loads and the fresh conversion: the third load was the cache's
+
+
+def test_a_file_cached_under_the_old_path_size_mtime_key_is_stale(model_dir, conversions):
+    path, gguf = model_dir
+    config, weights = TargetQuantConfig("int4"), list(path.glob("*.safetensors"))
+    model = tiny.model(seed=1, hidden=HIDDEN, vocab_size=VOCAB)
+    counts = int4_cache.quantize_target(model, config, gguf, torch.bfloat16)
+    key = int4_cache.cache_key(gguf, weights, config, torch.bfloat16)
+    stat = gguf.stat()
+    key["gguf"] = {"path": str(gguf.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}  # before #40.15
+    int4_cache.save_layers(model, int4_cache.cache_path(gguf, config, torch.bfloat16), key, counts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load(path)
+    assert len(conversions) == 2  # the old file was not served (nor an error): converted and rewritten
     load(path)
     assert len(conversions) == 2
 
