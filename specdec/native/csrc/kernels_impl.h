@@ -1,0 +1,303 @@
+// The kernels' one implementation, included by kernels_avx2.cpp and kernels_avx512.cpp after each has
+// chosen its target and namespace (SPECDEC_NATIVE_NS) and, for AVX512, defined SPECDEC_NATIVE_AVX512.
+// Only the V16 type below differs between the two: every operation on it is lane-wise and IEEE
+// correctly rounded (add, mul, fma, div, max, min, round-to-nearest, integer shifts), and every
+// reduction goes through fold8 + hsum8 in one fixed order, so both paths produce the same bits.
+// Compiled with -ffp-contract=off: no fused multiply-add that the source does not write.
+
+namespace specdec_native {
+namespace SPECDEC_NATIVE_NS {
+
+#ifdef SPECDEC_NATIVE_AVX512
+struct V16 {
+  __m512 v;
+};
+static inline V16 zero() { return {_mm512_setzero_ps()}; }
+static inline V16 set1(float a) { return {_mm512_set1_ps(a)}; }
+static inline V16 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+static inline V16 load_bf16(const uint16_t* p) {
+  __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+}
+static inline void store(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+static inline V16 add(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+static inline V16 sub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+static inline V16 mul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+static inline V16 div(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+static inline V16 fma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+static inline V16 max(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+static inline V16 min(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+static inline V16 round_nearest(V16 a) {
+  return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+// 2^n for integral n in [-126, 127] given as floats.
+static inline V16 pow2(V16 n) {
+  __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
+// lanes i + i+8: the first step of the fixed 16-lane tree
+static inline __m256 fold8(V16 a) {
+  __m256 lo = _mm512_castps512_ps256(a.v);
+  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1));
+  return _mm256_add_ps(lo, hi);
+}
+static inline __m256 fold8_max(V16 a) {
+  __m256 lo = _mm512_castps512_ps256(a.v);
+  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1));
+  return _mm256_max_ps(lo, hi);
+}
+#else
+struct V16 {
+  __m256 lo, hi;
+};
+static inline V16 zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline V16 set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+static inline V16 load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline __m256 bf16x8(const uint16_t* p) {
+  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline V16 load_bf16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+static inline void store(float* p, V16 a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+static inline V16 add(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+static inline V16 sub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+static inline V16 mul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+static inline V16 div(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+static inline V16 fma(V16 a, V16 b, V16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+static inline V16 max(V16 a, V16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+static inline V16 min(V16 a, V16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+static inline V16 round_nearest(V16 a) {
+  const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(a.lo, mode), _mm256_round_ps(a.hi, mode)};
+}
+static inline __m256 pow2x8(__m256 n) {
+  __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+static inline V16 pow2(V16 n) { return {pow2x8(n.lo), pow2x8(n.hi)}; }
+static inline __m256 fold8(V16 a) { return _mm256_add_ps(a.lo, a.hi); }
+static inline __m256 fold8_max(V16 a) { return _mm256_max_ps(a.lo, a.hi); }
+#endif
+
+// The rest of the fixed tree, shared by both paths: (i + i+4), then (i + i+2), then (0 + 1).
+static inline float hsum8(__m256 x) {
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_shuffle_ps(t, t, 1));
+  return _mm_cvtss_f32(t);
+}
+static inline float hmax8(__m256 x) {
+  __m128 t = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_max_ss(t, _mm_shuffle_ps(t, t, 1));
+  return _mm_cvtss_f32(t);
+}
+static inline float hsum(V16 a) { return hsum8(fold8(a)); }
+static inline float hmax(V16 a) { return hmax8(fold8_max(a)); }
+
+// exp(x): Cephes' expf polynomial with a Cody-Waite split of ln 2, every step an explicit lane-wise
+// IEEE operation. x is clamped to [-87, 88] (so 2^n stays a normal number; exp(-87) ~ 1.6e-38 stands
+// for anything smaller); NaN is not expected. About 2 ulp from the true value.
+static inline V16 exp16(V16 x) {
+  x = min(max(x, set1(-87.0f)), set1(88.0f));
+  V16 n = round_nearest(mul(x, set1(1.44269504088896341f)));
+  V16 r = fma(n, set1(-0.693359375f), x);
+  r = fma(n, set1(2.12194440e-4f), r);
+  V16 p = set1(1.9875691500e-4f);
+  p = fma(p, r, set1(1.3981999507e-3f));
+  p = fma(p, r, set1(8.3334519073e-3f));
+  p = fma(p, r, set1(4.1665795894e-2f));
+  p = fma(p, r, set1(1.6666665459e-1f));
+  p = fma(p, r, set1(5.0000001201e-1f));
+  V16 y = fma(p, mul(r, r), r);
+  y = add(y, set1(1.0f));
+  return mul(y, pow2(n));
+}
+
+// Tails: a partial chunk of 16 goes through a zeroed buffer, so its lanes do the same math as a full one.
+static inline V16 load_part(const float* p, int64_t count) {
+  alignas(64) float buf[16] = {0};
+  for (int64_t i = 0; i < count; ++i) buf[i] = p[i];
+  return load(buf);
+}
+static inline V16 load_bf16_part(const uint16_t* p, int64_t count) {
+  alignas(64) uint16_t buf[16] = {0};
+  for (int64_t i = 0; i < count; ++i) buf[i] = p[i];
+  return load_bf16(buf);
+}
+static inline void store_part(float* p, V16 a, int64_t count) {
+  alignas(64) float buf[16];
+  store(buf, a);
+  for (int64_t i = 0; i < count; ++i) p[i] = buf[i];
+}
+static inline V16 load_any(const float* p, int64_t count) { return count == 16 ? load(p) : load_part(p, count); }
+static inline void store_any(float* p, V16 a, int64_t count) {
+  if (count == 16)
+    store(p, a);
+  else
+    store_part(p, a, count);
+}
+
+void exp_span(const float* x, float* out, int64_t count) {
+  for (int64_t i = 0; i < count; i += 16) {
+    int64_t c = count - i < 16 ? count - i : 16;
+    store_any(out + i, exp16(load_any(x + i, c)), c);
+  }
+}
+
+// RMSNorm of one row: sum of squares in 16 lanes (one fma per chunk, in order), the fixed tree,
+// mean = sum / d, inv = 1 / sqrt(mean + eps), out = weight * (x * inv) (Qwen2's and Llama's order).
+void rms_norm_row(const float* x, const float* weight, float* out, int64_t d, float eps) {
+  V16 acc = zero();
+  for (int64_t i = 0; i < d; i += 16) {
+    int64_t c = d - i < 16 ? d - i : 16;
+    V16 a = load_any(x + i, c);
+    acc = fma(a, a, acc);
+  }
+  float mean = hsum(acc) / static_cast<float>(d);
+  float inv = 1.0f / __builtin_sqrtf(mean + eps);
+  V16 vinv = set1(inv);
+  for (int64_t i = 0; i < d; i += 16) {
+    int64_t c = d - i < 16 ? d - i : 16;
+    store_any(out + i, mul(load_any(weight + i, c), mul(load_any(x + i, c), vinv)), c);
+  }
+}
+
+void add_rms_norm_row(const float* x, float* residual, const float* weight, float* out, int64_t d, float eps) {
+  for (int64_t i = 0; i < d; i += 16) {
+    int64_t c = d - i < 16 ? d - i : 16;
+    store_any(residual + i, add(load_any(residual + i, c), load_any(x + i, c)), c);
+  }
+  rms_norm_row(residual, weight, out, d, eps);
+}
+
+// silu(g) * u = g / (1 + exp(-g)) * u, element by element.
+void silu_mul_span(const float* gate, const float* up, float* out, int64_t count) {
+  const V16 one = set1(1.0f);
+  for (int64_t i = 0; i < count; i += 16) {
+    int64_t c = count - i < 16 ? count - i : 16;
+    V16 g = load_any(gate + i, c);
+    V16 e = exp16(sub(zero(), g));
+    store_any(out + i, mul(div(g, add(one, e)), load_any(up + i, c)), c);
+  }
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+// One row's query heads that share a kv head. For each head on its own: the visible keys in logical
+// order in blocks of BLOCK aligned to logical index 0; per key a 16-lane dot product over D (chunks in
+// order, a zero-padded last chunk) and the fixed tree, times scale; per block the max, exp of the
+// differences (padding keys get p = 0 and no value), the block's sum by the fixed tree over its two
+// 16-lane halves, acc = acc * exp(m_old - m_new) then acc += p_j * v_j in key order; out = acc / l.
+// Heads share only the loads of a key: their arithmetic never mixes.
+constexpr int64_t BLOCK = 32;
+constexpr int64_t MAX_CHUNKS = 16;  // D <= 256
+constexpr int64_t MAX_GROUP = 8;    // heads per call
+
+template <typename T>
+static inline V16 load_kv(const T* p, int64_t count);
+template <>
+inline V16 load_kv<float>(const float* p, int64_t count) {
+  return load_any(p, count);
+}
+template <>
+inline V16 load_kv<uint16_t>(const uint16_t* p, int64_t count) {
+  return count == 16 ? load_bf16(p) : load_bf16_part(p, count);
+}
+
+template <typename T>
+static void attention_group_t(const float* const* q, float* const* out, int64_t heads, int64_t D,
+                              const T* kbase, const T* vbase, int64_t stride, const RowKeys& keys, float scale) {
+  const int64_t chunks = (D + 15) / 16;
+  const int64_t last = D - (chunks - 1) * 16;  // lanes in the last chunk
+  const int64_t L = keys.prefix + keys.n_extra;
+  V16 qv[MAX_GROUP][MAX_CHUNKS];
+  V16 acc[MAX_GROUP][MAX_CHUNKS];
+  float m[MAX_GROUP], l[MAX_GROUP];
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      qv[h][c] = load_any(q[h] + c * 16, c == chunks - 1 ? last : 16);
+      acc[h][c] = zero();
+    }
+    m[h] = -__builtin_inff();
+    l[h] = 0.0f;
+  }
+  if (L == 0) {  // a row that sees nothing: zeros (no softmax over an empty set)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < D; ++i) out[h][i] = 0.0f;
+    return;
+  }
+  alignas(64) float s[MAX_GROUP][BLOCK];
+  alignas(64) float p[MAX_GROUP][BLOCK];
+  const T* kp[BLOCK];
+  const T* vp[BLOCK];
+  for (int64_t b0 = 0; b0 < L; b0 += BLOCK) {
+    const int64_t count = L - b0 < BLOCK ? L - b0 : BLOCK;
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t j = b0 + t;
+      const int64_t slot = j < keys.prefix ? j : keys.extra[j - keys.prefix];
+      kp[t] = kbase + slot * stride;
+      vp[t] = vbase + slot * stride;
+    }
+    // scores
+    for (int64_t t = 0; t < count; ++t) {
+      V16 dot[MAX_GROUP];
+      for (int64_t h = 0; h < heads; ++h) dot[h] = zero();
+      for (int64_t c = 0; c < chunks; ++c) {
+        V16 k = load_kv<T>(kp[t] + c * 16, c == chunks - 1 ? last : 16);
+        for (int64_t h = 0; h < heads; ++h) dot[h] = fma(qv[h][c], k, dot[h]);
+      }
+      for (int64_t h = 0; h < heads; ++h) s[h][t] = hsum(dot[h]) * scale;
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t t = count; t < BLOCK; ++t) s[h][t] = -__builtin_inff();
+      V16 s0 = load(s[h]), s1 = load(s[h] + 16);
+      const float m_block = hmax(max(s0, s1));
+      const float m_new = m[h] > m_block ? m[h] : m_block;
+      const V16 vm = set1(m_new);
+      store(p[h], exp16(sub(s0, vm)));
+      store(p[h] + 16, exp16(sub(s1, vm)));
+      for (int64_t t = count; t < BLOCK; ++t) p[h][t] = 0.0f;
+      const float l_block = hsum(add(load(p[h]), load(p[h] + 16)));
+      if (b0 == 0) {
+        l[h] = l_block;
+      } else {
+        alignas(64) float corr[16];
+        store(corr, exp16(set1(m[h] - m_new)));
+        l[h] = l[h] * corr[0] + l_block;
+        const V16 vc = set1(corr[0]);
+        for (int64_t c = 0; c < chunks; ++c) acc[h][c] = mul(acc[h][c], vc);
+      }
+      m[h] = m_new;
+    }
+    // values
+    for (int64_t t = 0; t < count; ++t) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        V16 v = load_kv<T>(vp[t] + c * 16, c == chunks - 1 ? last : 16);
+        for (int64_t h = 0; h < heads; ++h) acc[h][c] = fma(set1(p[h][t]), v, acc[h][c]);
+      }
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    const V16 vl = set1(l[h]);
+    for (int64_t c = 0; c < chunks; ++c)
+      store_any(out[h] + c * 16, div(acc[h][c], vl), c == chunks - 1 ? last : 16);
+  }
+}
+
+void attention_group(const float* const* q, float* const* out, int64_t heads, int64_t D, const HeadCache& cache,
+                     const RowKeys& keys, float scale) {
+  if (cache.bf16)
+    attention_group_t<uint16_t>(q, out, heads, D, static_cast<const uint16_t*>(cache.k),
+                                static_cast<const uint16_t*>(cache.v), cache.slot_stride, keys, scale);
+  else
+    attention_group_t<float>(q, out, heads, D, static_cast<const float*>(cache.k),
+                             static_cast<const float*>(cache.v), cache.slot_stride, keys, scale);
+}
+
+}  // namespace SPECDEC_NATIVE_NS
+}  // namespace specdec_native

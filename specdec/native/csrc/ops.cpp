@@ -1,0 +1,259 @@
+// specdec_native: the row-exact building blocks of the native forward, registered as torch ops
+// (torch.ops.specdec_native.*). This file checks shapes, picks the instruction set and splits work
+// over threads; the arithmetic is in kernels_impl.h. A thread always computes whole rows (or whole
+// 16-aligned element spans for elementwise ops), so the split never changes a row's bits.
+#include <Python.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+
+namespace specdec_native {
+namespace {
+
+enum Isa : int { NONE = 0, AVX2 = 1, AVX512 = 2 };
+
+Isa cpu_best() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  // __builtin_cpu_supports checks the OS's saved state (XCR0) as well as CPUID
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
+#endif
+  return NONE;
+}
+
+const char* isa_name(int isa) { return isa == AVX512 ? "avx512" : isa == AVX2 ? "avx2" : "none"; }
+
+std::atomic<int> g_isa{-1};
+
+int current() {
+  int isa = g_isa.load();
+  if (isa < 0) {
+    isa = cpu_best();
+    const char* env = std::getenv("SPECDEC_NATIVE_ISA");
+    if (env && std::string(env) == "avx2" && isa >= AVX2) isa = AVX2;
+    g_isa.store(isa);
+  }
+  TORCH_CHECK(isa != NONE, "specdec_native: the CPU has neither AVX2+FMA nor AVX512F");
+  return isa;
+}
+
+std::string cpu_isa() { return isa_name(cpu_best()); }
+std::string isa() { return isa_name(current()); }
+
+void set_isa(const std::string& name) {
+  const Isa best = cpu_best();
+  Isa want = name == "avx512" ? AVX512 : name == "avx2" ? AVX2 : NONE;
+  TORCH_CHECK(want != NONE, "specdec_native.set_isa: expected 'avx2' or 'avx512', got '", name, "'");
+  TORCH_CHECK(want <= best, "specdec_native.set_isa: this CPU does not support ", name, " (best: ",
+              isa_name(best), ")");
+  g_isa.store(want);
+}
+
+void check_f32(const at::Tensor& t, const char* op, const char* what, int64_t dim) {
+  TORCH_CHECK(t.device().is_cpu(), op, ": ", what, " must be on the CPU");
+  TORCH_CHECK(t.scalar_type() == at::kFloat, op, ": ", what, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == dim, op, ": ", what, " must have ", dim, " dimensions, got shape ", t.sizes());
+}
+
+// rows per task so that a task holds about `work` elements: small batches stay on one thread
+int64_t grain_rows(int64_t row_elems, int64_t work = 1 << 15) {
+  return std::max<int64_t>(1, work / std::max<int64_t>(1, row_elems));
+}
+
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight_in, double eps) {
+  check_f32(x_in, "rms_norm", "x", 2);
+  check_f32(weight_in, "rms_norm", "weight", 1);
+  const int64_t n = x_in.size(0), d = x_in.size(1);
+  TORCH_CHECK(weight_in.size(0) == d, "rms_norm: weight has ", weight_in.size(0), " elements, x rows have ", d);
+  const int isa = current();
+  at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
+  at::Tensor out = at::empty({n, d}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, grain_rows(d), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (isa == AVX512)
+        avx512::rms_norm_row(xp + i * d, wp, op + i * d, d, static_cast<float>(eps));
+      else
+        avx2::rms_norm_row(xp + i * d, wp, op + i * d, d, static_cast<float>(eps));
+    }
+  });
+  return out;
+}
+
+at::Tensor add_rms_norm(const at::Tensor& x_in, at::Tensor& residual, const at::Tensor& weight_in, double eps) {
+  check_f32(x_in, "add_rms_norm", "x", 2);
+  check_f32(residual, "add_rms_norm", "residual", 2);
+  check_f32(weight_in, "add_rms_norm", "weight", 1);
+  TORCH_CHECK(x_in.sizes() == residual.sizes(), "add_rms_norm: x ", x_in.sizes(), " and residual ",
+              residual.sizes(), " differ in shape");
+  TORCH_CHECK(residual.is_contiguous(), "add_rms_norm: residual must be contiguous (it is updated in place)");
+  const int64_t n = x_in.size(0), d = x_in.size(1);
+  TORCH_CHECK(weight_in.size(0) == d, "add_rms_norm: weight has ", weight_in.size(0), " elements, rows have ", d);
+  const int isa = current();
+  at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
+  at::Tensor out = at::empty({n, d}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* rp = residual.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, grain_rows(d), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (isa == AVX512)
+        avx512::add_rms_norm_row(xp + i * d, rp + i * d, wp, op + i * d, d, static_cast<float>(eps));
+      else
+        avx2::add_rms_norm_row(xp + i * d, rp + i * d, wp, op + i * d, d, static_cast<float>(eps));
+    }
+  });
+  return out;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up_in) {
+  check_f32(gate_up_in, "silu_mul", "gate_up", 2);
+  const int64_t n = gate_up_in.size(0), two_i = gate_up_in.size(1);
+  TORCH_CHECK(two_i % 2 == 0, "silu_mul: gate_up needs an even number of columns (gate | up), got ", two_i);
+  const int64_t I = two_i / 2;
+  const int isa = current();
+  at::Tensor gate_up = gate_up_in.contiguous();
+  at::Tensor out = at::empty({n, I}, gate_up.options());
+  const float* gp = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // tasks: (row, span of SPAN columns); spans start at multiples of 16, and the math is per element anyway
+  constexpr int64_t SPAN = 2048;
+  const int64_t spans = (I + SPAN - 1) / SPAN;
+  at::parallel_for(0, n * spans, std::max<int64_t>(1, 8192 / SPAN), [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t i = task / spans, c0 = (task % spans) * SPAN;
+      const int64_t count = std::min(SPAN, I - c0);
+      const float* row = gp + i * two_i;
+      if (isa == AVX512)
+        avx512::silu_mul_span(row + c0, row + I + c0, op + i * I + c0, count);
+      else
+        avx2::silu_mul_span(row + c0, row + I + c0, op + i * I + c0, count);
+    }
+  });
+  return out;
+}
+
+at::Tensor exp_op(const at::Tensor& x_in) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(), "exp: x must be a float32 CPU tensor");
+  const int isa = current();
+  at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty_like(x);
+  if (isa == AVX512)
+    avx512::exp_span(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+  else
+    avx2::exp_span(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+  return out;
+}
+
+constexpr int64_t MAX_GROUP = 8;
+
+at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& prefix_in, const at::Tensor& extra_in, double scale) {
+  check_f32(q_in, "attention", "q", 3);
+  TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(), "attention: the caches must be on the CPU");
+  TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3, "attention: k_cache and v_cache must be [Hk, S, D], got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache ", k_cache.sizes(), " and v_cache ",
+              v_cache.sizes(), " differ in shape");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "attention: k_cache and v_cache differ in dtype");
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || k_cache.scalar_type() == at::kFloat, "attention: the caches must be bfloat16 or float32, got ",
+              k_cache.scalar_type());
+  TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1 && k_cache.strides() == v_cache.strides(),
+              "attention: k_cache and v_cache need the same strides and contiguous rows");
+  const int64_t n = q_in.size(0), Hq = q_in.size(1), D = q_in.size(2);
+  const int64_t Hk = k_cache.size(0), S = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == D, "attention: q has head size ", D, ", the cache ", k_cache.size(2));
+  TORCH_CHECK(D >= 1 && D <= 256, "attention: head size must be 1..256, got ", D);
+  TORCH_CHECK(Hk >= 1 && Hq % Hk == 0, "attention: ", Hq, " query heads do not divide into ", Hk, " kv heads");
+  TORCH_CHECK(prefix_in.scalar_type() == at::kLong && prefix_in.dim() == 1 && prefix_in.size(0) == n,
+              "attention: prefix must be int64 [n] with n = ", n);
+  TORCH_CHECK(extra_in.scalar_type() == at::kLong && extra_in.dim() == 2 && extra_in.size(0) == n,
+              "attention: extra must be int64 [n, E] with n = ", n);
+  const int isa = current();
+  at::Tensor q = q_in.contiguous(), prefix = prefix_in.contiguous(), extra = extra_in.contiguous();
+  const int64_t E = extra.size(1);
+  const int64_t* pp = prefix.data_ptr<int64_t>();
+  const int64_t* ep = extra.data_ptr<int64_t>();
+  std::vector<RowKeys> rows(n);
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(pp[i] >= 0 && pp[i] <= S, "attention: prefix[", i, "] = ", pp[i], " is outside 0..", S);
+    int64_t count = 0;
+    while (count < E && ep[i * E + count] >= 0) {
+      TORCH_CHECK(ep[i * E + count] < S, "attention: extra[", i, ", ", count, "] = ", ep[i * E + count],
+                  " is outside the cache's ", S, " slots");
+      ++count;
+    }
+    rows[i] = RowKeys{pp[i], ep + i * E, count};
+  }
+  at::Tensor out = at::empty({n, Hq, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t group = Hq / Hk;
+  // tasks: (row, kv head, slice of its query heads); slices of at most MAX_GROUP heads, fewer heads per
+  // slice when there are few rows so both cores have work (each head's arithmetic is its own either way)
+  const int64_t threads = at::get_num_threads();
+  int64_t per = std::min<int64_t>(group, MAX_GROUP);
+  while (per > 1 && n * Hk * ((group + per - 1) / per) < 2 * threads) per = (per + 1) / 2;
+  const int64_t slices = (group + per - 1) / per;
+  const size_t elem = bf16 ? 2 : 4;
+  const char* kb = static_cast<const char*>(k_cache.data_ptr());
+  const char* vb = static_cast<const char*>(v_cache.data_ptr());
+  const int64_t head_stride = k_cache.stride(0), slot_stride = k_cache.stride(1);
+  at::parallel_for(0, n * Hk * slices, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t i = task / (Hk * slices), kh = (task / slices) % Hk, sl = task % slices;
+      const int64_t h0 = kh * group + sl * per, h1 = std::min(kh * group + group, h0 + per);
+      const float* qs[MAX_GROUP];
+      float* os[MAX_GROUP];
+      for (int64_t h = h0; h < h1; ++h) {
+        qs[h - h0] = qp + (i * Hq + h) * D;
+        os[h - h0] = op + (i * Hq + h) * D;
+      }
+      HeadCache cache{kb + kh * head_stride * elem, vb + kh * head_stride * elem, slot_stride, bf16};
+      if (isa == AVX512)
+        avx512::attention_group(qs, os, h1 - h0, D, cache, rows[i], static_cast<float>(scale));
+      else
+        avx2::attention_group(qs, os, h1 - h0, D, cache, rows[i], static_cast<float>(scale));
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specdec_native, m) {
+  m.def("cpu_isa() -> str", &cpu_isa);
+  m.def("isa() -> str", &isa);
+  m.def("set_isa(str isa) -> ()", &set_isa);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor", &add_rms_norm);
+  m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  m.def("exp(Tensor x) -> Tensor", &exp_op);
+  m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix, Tensor extra, float scale) -> Tensor",
+        &attention);
+}
+
+}  // namespace specdec_native
+
+// A minimal Python module so that loaders expecting one (torch.utils.cpp_extension.load) can import the
+// library; the ops themselves are reached through torch.ops.specdec_native.
+#define SPECDEC_CAT_(a, b) a##b
+#define SPECDEC_CAT(a, b) SPECDEC_CAT_(a, b)
+#define SPECDEC_STR_(a) #a
+#define SPECDEC_STR(a) SPECDEC_STR_(a)
+static PyModuleDef specdec_native_module = {PyModuleDef_HEAD_INIT, SPECDEC_STR(TORCH_EXTENSION_NAME), nullptr, -1,
+                                            nullptr};
+PyMODINIT_FUNC SPECDEC_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&specdec_native_module); }

@@ -1,0 +1,254 @@
+"""The native forward's row-exact building blocks: RMSNorm, residual add + RMSNorm, SiLU·mul, attention over a
+row's prefix and tree ancestors, argmax, as C++ ops (csrc/) registered under torch.ops.specdec_native.
+
+Why: a row's output must be a function of that row and the keys it may see, whatever the number of rows in the
+pass, the tree's shape or the prefill chunking, so greedy speculation gives plain greedy's output bit for bit.
+Every op therefore works row by row on 16 fp32 lanes in a fixed order (AVX512: one register; AVX2: two), with
+one fixed tree for each reduction, tails padded into a zeroed 16-lane chunk and an exp of our own; the AVX2 and
+AVX512 paths give the same bits. The instruction set is picked at run time from the CPU (`isa()`);
+SPECDEC_NATIVE_ISA=avx2 forces the AVX2 path.
+
+Shapes: n rows, d model width, I intermediate width, Hq query heads, Hk kv heads, D head size, S cache slots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("ops.cpp", "kernels_avx2.cpp", "kernels_avx512.cpp")
+HEADERS = ("kernels.h", "kernels_impl.h")
+# -ffp-contract=off: no fused multiply-add the source did not write (the two paths must round alike)
+CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math")
+LDFLAGS = ("-fopenmp",)
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def source_hash() -> str:
+    """What the compiled library depends on: the C++ files, the flags, torch's version and Python's."""
+    digest = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        digest.update(name.encode() + b"\0" + (CSRC / name).read_bytes())
+    digest.update("\n".join([*CFLAGS, *LDFLAGS, torch.__version__, sys.version.split()[0]]).encode())
+    return digest.hexdigest()[:16]
+
+
+def _find_ninja() -> bool:
+    """torch's builder runs `ninja` from PATH; the `ninja` package's binary counts when the venv is not activated."""
+    if shutil.which("ninja"):
+        return True
+    dirs = [str(Path(sys.executable).parent)]
+    try:
+        import ninja
+
+        dirs.append(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    for directory in dirs:
+        if shutil.which("ninja", path=directory):
+            os.environ["PATH"] = directory + os.pathsep + os.environ.get("PATH", "")
+            return True
+    return False
+
+
+def _why_not() -> str:
+    """Why the library cannot be built here, or ''."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"not an x86-64 CPU ({platform.machine()})"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler (c++)"
+    if not _find_ninja():
+        return "no ninja (pip install ninja)"
+    return ""
+
+
+def _load_extension(name: str, sources: list[str], extra_cflags: list[str]):
+    """Build (once per machine and source version) and load the extension; the one place that knows how."""
+    from torch.utils.cpp_extension import get_default_build_root, load
+
+    directory = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / "specdec" / name
+    if not (directory / f"{name}.so").is_file():
+        print(f"specdec: building the native ops once for this machine into {directory} (about a minute)",
+              file=sys.stderr, flush=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    return load(name=name, sources=sources, extra_cflags=extra_cflags, extra_ldflags=list(LDFLAGS),
+                extra_include_paths=[str(CSRC)], build_directory=str(directory))
+
+
+def _load() -> bool:
+    with _lock:
+        if "ok" in _state:
+            return _state["ok"]
+        reason = _why_not()
+        if not reason:
+            try:
+                _load_extension(f"specdec_native_{source_hash()}", [str(CSRC / s) for s in SOURCES], list(CFLAGS))
+                if torch.ops.specdec_native.cpu_isa() == "none":
+                    reason = "the CPU has neither AVX2+FMA nor AVX512F"
+                else:
+                    wanted = os.environ.get("SPECDEC_NATIVE_ISA", "")
+                    if wanted:
+                        torch.ops.specdec_native.set_isa(wanted)
+            except Exception as exc:  # noqa: BLE001 - a failed build leaves the torch path working
+                text = str(exc).strip()
+                reason = f"its build failed ({text.splitlines()[0] if text else type(exc).__name__})"
+        _state["ok"], _state["reason"] = not reason, reason
+        return not reason
+
+
+def available() -> bool:
+    """Whether the native ops run here (built on first call; cheap afterwards)."""
+    return _load()
+
+
+def unavailable_reason() -> str:
+    """'' when available(), else why not."""
+    _load()
+    return _state["reason"]
+
+
+def _ops():
+    if not _load():
+        raise RuntimeError(f"specdec native ops unavailable: {_state['reason']}")
+    return torch.ops.specdec_native
+
+
+def isa() -> str:
+    """The instruction set the ops run on now: 'avx512' or 'avx2'."""
+    return _ops().isa()
+
+
+def cpu_isa() -> str:
+    """The best instruction set this CPU (and OS) supports: 'avx512' or 'avx2'."""
+    return _ops().cpu_isa()
+
+
+@contextlib.contextmanager
+def use_isa(name: str):
+    """Run the ops on `name` ('avx2' or 'avx512') inside the block (process-wide; for tests and benchmarks)."""
+    ops = _ops()
+    before = ops.isa()
+    ops.set_isa(name)
+    try:
+        yield
+    finally:
+        ops.set_isa(before)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x f32[n, d], weight f32[d] -> f32[n, d]: weight * (x / sqrt(mean(x²) + eps)), each row on its own."""
+    return _ops().rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """residual += x (in place, f32[n, d]), then rms_norm(residual, weight, eps)."""
+    return _ops().add_rms_norm(x, residual, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up f32[n, 2I] (gate | up) -> f32[n, I]: silu(gate) * up, with the ops' own exp."""
+    return _ops().silu_mul(gate_up)
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """The ops' exp, element by element (f32, any shape): the one every op uses, exposed for tests."""
+    return _ops().exp(x)
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: torch.Tensor,
+              extra: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of each row over the keys it may see.
+
+    q f32[n, Hq, D]; k_cache, v_cache [Hk, S, D] (bf16 or f32); prefix i64[n]; extra i64[n, E] -> f32[n, Hq, D].
+    Row i sees cache slots 0 .. prefix[i]-1, then extra[i, 0], extra[i, 1], ... up to the first -1 (its tree
+    ancestors by depth, then itself); query head h reads kv head h // (Hq // Hk). Its output depends only on
+    q[i] and that ordered sequence of keys and values: not on n, E, other rows or which slots hold them.
+    A row that sees no key gets zeros."""
+    return _ops().attention(q, k_cache, v_cache, prefix, extra, scale)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits f32[n, V] -> i64[n]: the lowest index among equal maxima (torch.argmax's documented rule,
+    tested for ties in tests/native/test_ops.py)."""
+    return torch.argmax(logits, dim=-1)
+
+
+# ---- the benchmark: python -m specdec.native.ops --bench ------------------------------------------------------
+
+def _time_ms(fn, repeat: int = 50) -> float:
+    """The fastest of `repeat` calls: on a shared machine the least disturbed one says what the op costs."""
+    import time
+
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def bench() -> None:
+    """ms per call for Qwen2.5-Coder-1.5B's shapes beside torch's equivalent, on this machine's threads."""
+    import torch.nn.functional as F
+
+    d, Hq, Hk, D, I, V = 1536, 12, 2, 128, 8960, 151936
+    print(f"specdec native ops: isa={isa()} (cpu {cpu_isa()}), threads={torch.get_num_threads()}, "
+          f"{platform.processor() or platform.machine()}")
+    print(f"{'op (fastest call)':<34}{'native ms':>11}{'torch ms':>11}")
+    gen = torch.Generator().manual_seed(0)
+    w = torch.rand(d, generator=gen) + 0.5
+    for n in (1, 4, 8):
+        x = torch.randn(n, d, generator=gen)
+        r = torch.randn(n, d, generator=gen)
+        print(f"{f'rms_norm n={n}':<34}{_time_ms(lambda: rms_norm(x, w, 1e-6)):>11.4f}"
+              f"{_time_ms(lambda: F.rms_norm(x, (d,), w, 1e-6)):>11.4f}")
+        print(f"{f'add_rms_norm n={n}':<34}{_time_ms(lambda: add_rms_norm(x, r, w, 1e-6)):>11.4f}"
+              f"{_time_ms(lambda: F.rms_norm(r.add_(x), (d,), w, 1e-6)):>11.4f}")
+        gu = torch.randn(n, 2 * I, generator=gen)
+        print(f"{f'silu_mul n={n}':<34}{_time_ms(lambda: silu_mul(gu)):>11.4f}"
+              f"{_time_ms(lambda: F.silu(gu[:, :I]) * gu[:, I:]):>11.4f}")
+    for ctx in (512, 2048):
+        k = torch.randn(Hk, ctx + 64, D, generator=gen).to(torch.bfloat16)
+        v = torch.randn(Hk, ctx + 64, D, generator=gen).to(torch.bfloat16)
+        for n in (1, 4, 8):
+            q = torch.randn(n, Hq, D, generator=gen)
+            prefix = torch.full((n,), ctx, dtype=torch.long)
+            extra = torch.tensor([[ctx + j for j in range(i + 1)] + [-1] * (n - i - 1) for i in range(n)])
+            # torch: the way an eager verify pass does it (bf16 cache to f32, GQA expand, causal tree mask)
+            mask = torch.zeros(n, ctx + n, dtype=torch.bool)
+            mask[:, :ctx] = True
+            for i in range(n):
+                mask[i, ctx:ctx + i + 1] = True
+
+            def reference():
+                kk = k[:, :ctx + n].float().repeat_interleave(Hq // Hk, 0)
+                vv = v[:, :ctx + n].float().repeat_interleave(Hq // Hk, 0)
+                return F.scaled_dot_product_attention(q.transpose(0, 1), kk, vv, attn_mask=mask, scale=D ** -0.5)
+
+            print(f"{f'attention bf16 ctx={ctx} n={n}':<34}"
+                  f"{_time_ms(lambda: attention(q, k, v, prefix, extra, D ** -0.5), 20):>11.4f}"
+                  f"{_time_ms(reference, 20):>11.4f}")
+    for n in (1, 8):
+        logits = torch.randn(n, V, generator=gen)
+        print(f"{f'argmax V={V} n={n}':<34}{_time_ms(lambda: argmax(logits)):>11.4f}"
+              f"{_time_ms(lambda: torch.argmax(logits, -1)):>11.4f}")
+
+
+if __name__ == "__main__":
+    if "--bench" not in sys.argv[1:]:
+        sys.exit("usage: python -m specdec.native.ops --bench")
+    if not available():
+        sys.exit(f"specdec native ops unavailable: {unavailable_reason()}")
+    bench()
