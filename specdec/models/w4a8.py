@@ -19,20 +19,17 @@ weight to float for one row at a time, several times slower than reading it; her
 codes meet the int8 weights in `vpdpbusd` (weights offset by 128 to unsigned, the offset taken out
 exactly with the integer sum of each group's codes), with the same row independence.
 
-The C++ source is compiled once per machine with torch.utils.cpp_extension into
-`build_dir()` (under torch's extension cache, keyed by a hash of the source, flags, torch and
-Python), with per-function target attributes, so it also builds on a CPU that cannot run it.
-`load()` answers None where it cannot run (not x86-64, no AVX512-VNNI, no compiler or ninja, a
-failed build, SPECDEC_W4A8=0): the caller keeps ATen's kernel.
+The C++ source is compiled once per machine by specdec.native.build into `build_dir()` (under
+torch's extension cache, keyed by a hash of the source, flags, torch and Python), with
+per-function target attributes, so it also builds on a CPU that cannot run it. `load()` answers
+None where it cannot run (not x86-64, no AVX512-VNNI, no compiler or ninja, a failed build or one
+past the build's time bound, SPECDEC_W4A8=0): the caller keeps ATen's kernel.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
-import shutil
-import sys
 import threading
 from pathlib import Path
 
@@ -260,21 +257,22 @@ LDFLAGS = ("-fopenmp",)
 
 _lock = threading.Lock()
 _state: dict = {}
+NAME = "specdec_w4a8"
+FUNCTIONS = ("w4a8_mm", "w8a8_mm", "cpu_supported")
 
 
-def source_hash() -> str:
-    """What the compiled module depends on: the source, the flags, torch's ABI and Python's."""
-    key = "\n".join([CPP_SOURCE, _CPP_DECLS, *CFLAGS, *LDFLAGS, torch.__version__, sys.version.split()[0]])
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+def _extension() -> dict:
+    """What specdec.native.build compiles: the source text, the functions bound to Python, the flags."""
+    return {"sources": [_CPP_DECLS, CPP_SOURCE], "functions": list(FUNCTIONS), "extra_cflags": list(CFLAGS),
+            "extra_ldflags": list(LDFLAGS)}
 
 
 def build_dir() -> Path:
-    """One directory per machine and source version, beside torch's own extension builds
-    (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions): every process and test session reuses it."""
-    from torch.utils.cpp_extension import get_default_build_root
+    """One directory per machine and source version (specdec.native.build, beside torch's own extension builds):
+    every process and test session reuses it."""
+    from specdec.native.build import build_dir as native_build_dir
 
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
-    return Path(root) / "specdec" / f"w4a8-{source_hash()}"
+    return native_build_dir(NAME, **_extension())
 
 
 def cpu_flags() -> set[str]:
@@ -288,50 +286,23 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def _find_ninja() -> bool:
-    """torch's builder runs `ninja` from PATH; the `ninja` package's binary counts when the venv is not activated."""
-    if shutil.which("ninja"):
-        return True
-    dirs = [str(Path(sys.executable).parent)]
-    try:
-        import ninja
-
-        dirs.append(ninja.BIN_DIR)
-    except (ImportError, AttributeError):
-        pass
-    for directory in dirs:
-        if shutil.which("ninja", path=directory):
-            os.environ["PATH"] = directory + os.pathsep + os.environ.get("PATH", "")
-            return True
-    return False
-
-
 def _why_not() -> str:
-    """Why the kernel cannot be built or run here, or '' when it can."""
+    """Why the kernel cannot run here, or '' when it can (the build's own reasons come from specdec.native.build)."""
     if os.environ.get("SPECDEC_W4A8", "1") == "0":
         return "disabled by SPECDEC_W4A8=0"
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
     if not CPU_FLAGS <= cpu_flags():
         return "the CPU lacks AVX512-VNNI"
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
-        return "no C++ compiler (c++)"
-    if not _find_ninja():
-        return "no ninja (pip install ninja)"
     return ""
 
 
 def _build():
-    from torch.utils.cpp_extension import load_inline
+    """(module, '') or (None, why not): built once per machine, within specdec.native.build's time bound, never
+    waiting on a build that was killed."""
+    from specdec.native.build import load_extension
 
-    directory = build_dir()
-    name = f"specdec_w4a8_{source_hash()}"
-    if not (directory / f"{name}.so").is_file():
-        print(f"specdec: building the W4A8 int4 kernel once for this machine into {directory} (about a minute)",
-              file=sys.stderr, flush=True)
-    directory.mkdir(parents=True, exist_ok=True)
-    return load_inline(name=name, cpp_sources=[_CPP_DECLS, CPP_SOURCE], functions=["w4a8_mm", "w8a8_mm", "cpu_supported"],
-                       extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), build_directory=str(directory))
+    return load_extension(NAME, label="the W4A8 int4 kernel", **_extension())
 
 
 def load():
@@ -345,8 +316,8 @@ def load():
         module, reason = None, _why_not()
         if not reason:
             try:
-                module = _build()
-                if not module.cpu_supported():
+                module, reason = _build()
+                if module is not None and not module.cpu_supported():
                     module, reason = None, "the CPU lacks AVX512-VNNI"
             except Exception as exc:  # noqa: BLE001 - a failed build leaves ATen's kernel working
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

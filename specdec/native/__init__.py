@@ -1,1 +1,1 @@
-"""A forward of our own for the served architectures (issue #42): row-exact C++ ops (ops.py) and the model on them."""
+"""specdec's own CPU code: kernel builds (build.py), row-exact C++ ops (ops.py) and the native forward (issue #42)."""

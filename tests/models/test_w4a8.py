@@ -2,8 +2,8 @@
 their neighbours (what lossless speculation needs), the fallback to ATen's kernel, and greedy
 speculative output equal to plain greedy over an int4 target that runs it.
 
-The kernel is compiled once per machine (specdec.models.w4a8.build_dir()); the `kernel` fixture
-loads it once per test session and skips where the CPU cannot run it."""
+The kernel is compiled once per machine (specdec.models.w4a8.build_dir(), by specdec.native.build); the
+`kernel` fixture loads it once per test session and skips where the CPU cannot run it."""
 
 import platform
 
@@ -136,8 +136,13 @@ def fresh_load(monkeypatch):
 
 
 @pytest.mark.parametrize("cause,reason", [("env", "SPECDEC_W4A8=0"), ("cpu", "AVX512-VNNI"),
-                                          ("arm", "not an x86-64 CPU"), ("build", "its build failed")])
-def test_fallback_to_aten_when_the_kernel_cannot_run(fresh_load, cause, reason):
+                                          ("arm", "not an x86-64 CPU"), ("build", "its build failed"),
+                                          ("slow build", "did not finish within")])
+def test_fallback_to_aten_when_the_kernel_cannot_run(fresh_load, cause, reason, tmp_path):
+    import sys
+
+    from specdec.native import build
+
     monkeypatch = fresh_load
     monkeypatch.delenv("SPECDEC_W4A8", raising=False)
     if cause == "env":
@@ -147,13 +152,16 @@ def test_fallback_to_aten_when_the_kernel_cannot_run(fresh_load, cause, reason):
         monkeypatch.setattr(w4a8, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
     elif cause == "arm":
         monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    else:
+    else:  # the build itself (specdec.native.build), in a cache of its own where nothing is built yet
         monkeypatch.setattr(w4a8, "_why_not", lambda: "")
-
-        def broken():
-            raise RuntimeError("Error building extension 'specdec_w4a8'\nc++: fatal error")
-
-        monkeypatch.setattr(w4a8, "_build", broken)
+        monkeypatch.setattr(build, "why_not_buildable", lambda: "")
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+        if cause == "build":
+            failing = f"print({build.ERROR_PREFIX + 'Error building extension'!r}); raise SystemExit(1)"
+            monkeypatch.setattr(build, "_build_command", lambda spec: [sys.executable, "-c", failing])
+        else:  # issue #40.8: a compile that never ends falls back at the bound (a tiny one here)
+            monkeypatch.setattr(build, "_build_command", lambda spec: ["sh", "-c", "sleep 600 & wait"])
+            monkeypatch.setenv("SPECDEC_BUILD_TIMEOUT_S", "0.5")
     assert w4a8.load() is None and reason in w4a8.unavailable_reason()
     assert resolve_kernel("auto") == "aten" and resolve_kernel("aten") == "aten"
     with pytest.raises(SpecdecError, match=f"w4a8 cannot run here.*{reason}"):
