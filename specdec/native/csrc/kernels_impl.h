@@ -196,7 +196,7 @@ void silu_mul_span(const float* gate, const float* up, float* out, int64_t count
 // Heads share only the loads of a key: their arithmetic never mixes.
 constexpr int64_t BLOCK = 32;
 constexpr int64_t MAX_CHUNKS = 16;  // D <= 256
-constexpr int64_t MAX_GROUP = 8;    // heads per call
+constexpr int64_t MAX_GROUP = 8;    // heads per call (ops.cpp slices larger groups)
 
 template <typename T>
 static inline V16 load_kv(const T* p, int64_t count);
@@ -209,30 +209,31 @@ inline V16 load_kv<uint16_t>(const uint16_t* p, int64_t count) {
   return count == 16 ? load_bf16(p) : load_bf16_part(p, count);
 }
 
-template <typename T>
-static void attention_group_t(const float* const* q, float* const* out, int64_t heads, int64_t D,
-                              const T* kbase, const T* vbase, int64_t stride, const RowKeys& keys, float scale) {
+// H: the number of heads, fixed at compile time so their loops unroll and their accumulators stay in registers.
+template <typename T, int H>
+static void attention_group_t(const float* const* q, float* const* out, int64_t D, const T* kbase, const T* vbase,
+                              int64_t stride, const RowKeys& keys, float scale) {
   const int64_t chunks = (D + 15) / 16;
   const int64_t last = D - (chunks - 1) * 16;  // lanes in the last chunk
   const int64_t L = keys.prefix + keys.n_extra;
-  V16 qv[MAX_GROUP][MAX_CHUNKS];
-  V16 acc[MAX_GROUP][MAX_CHUNKS];
-  float m[MAX_GROUP], l[MAX_GROUP];
-  for (int64_t h = 0; h < heads; ++h) {
+  V16 qv[MAX_CHUNKS][H];
+  V16 acc[MAX_CHUNKS][H];
+  float m[H], l[H];
+  for (int h = 0; h < H; ++h) {
     for (int64_t c = 0; c < chunks; ++c) {
-      qv[h][c] = load_any(q[h] + c * 16, c == chunks - 1 ? last : 16);
-      acc[h][c] = zero();
+      qv[c][h] = load_any(q[h] + c * 16, c == chunks - 1 ? last : 16);
+      acc[c][h] = zero();
     }
     m[h] = -__builtin_inff();
     l[h] = 0.0f;
   }
   if (L == 0) {  // a row that sees nothing: zeros (no softmax over an empty set)
-    for (int64_t h = 0; h < heads; ++h)
+    for (int h = 0; h < H; ++h)
       for (int64_t i = 0; i < D; ++i) out[h][i] = 0.0f;
     return;
   }
-  alignas(64) float s[MAX_GROUP][BLOCK];
-  alignas(64) float p[MAX_GROUP][BLOCK];
+  alignas(64) float s[H][BLOCK];
+  alignas(64) float p[BLOCK][H];
   const T* kp[BLOCK];
   const T* vp[BLOCK];
   for (int64_t b0 = 0; b0 < L; b0 += BLOCK) {
@@ -243,26 +244,28 @@ static void attention_group_t(const float* const* q, float* const* out, int64_t 
       kp[t] = kbase + slot * stride;
       vp[t] = vbase + slot * stride;
     }
-    // scores
+    // scores: per key and head, 16 lanes over D chunk by chunk, then the fixed tree
     for (int64_t t = 0; t < count; ++t) {
-      V16 dot[MAX_GROUP];
-      for (int64_t h = 0; h < heads; ++h) dot[h] = zero();
+      V16 dot[H];
+      for (int h = 0; h < H; ++h) dot[h] = zero();
       for (int64_t c = 0; c < chunks; ++c) {
-        V16 k = load_kv<T>(kp[t] + c * 16, c == chunks - 1 ? last : 16);
-        for (int64_t h = 0; h < heads; ++h) dot[h] = fma(qv[h][c], k, dot[h]);
+        const V16 k = load_kv<T>(kp[t] + c * 16, c == chunks - 1 ? last : 16);
+        for (int h = 0; h < H; ++h) dot[h] = fma(qv[c][h], k, dot[h]);
       }
-      for (int64_t h = 0; h < heads; ++h) s[h][t] = hsum(dot[h]) * scale;
+      for (int h = 0; h < H; ++h) s[h][t] = hsum(dot[h]) * scale;
     }
-    for (int64_t h = 0; h < heads; ++h) {
+    for (int h = 0; h < H; ++h) {
       for (int64_t t = count; t < BLOCK; ++t) s[h][t] = -__builtin_inff();
-      V16 s0 = load(s[h]), s1 = load(s[h] + 16);
+      const V16 s0 = load(s[h]), s1 = load(s[h] + 16);
       const float m_block = hmax(max(s0, s1));
       const float m_new = m[h] > m_block ? m[h] : m_block;
       const V16 vm = set1(m_new);
-      store(p[h], exp16(sub(s0, vm)));
-      store(p[h] + 16, exp16(sub(s1, vm)));
-      for (int64_t t = count; t < BLOCK; ++t) p[h][t] = 0.0f;
-      const float l_block = hsum(add(load(p[h]), load(p[h] + 16)));
+      alignas(64) float e[BLOCK];
+      store(e, exp16(sub(s0, vm)));
+      store(e + 16, exp16(sub(s1, vm)));
+      for (int64_t t = count; t < BLOCK; ++t) e[t] = 0.0f;
+      for (int64_t t = 0; t < BLOCK; ++t) p[t][h] = e[t];
+      const float l_block = hsum(add(load(e), load(e + 16)));
       if (b0 == 0) {
         l[h] = l_block;
       } else {
@@ -270,33 +273,52 @@ static void attention_group_t(const float* const* q, float* const* out, int64_t 
         store(corr, exp16(set1(m[h] - m_new)));
         l[h] = l[h] * corr[0] + l_block;
         const V16 vc = set1(corr[0]);
-        for (int64_t c = 0; c < chunks; ++c) acc[h][c] = mul(acc[h][c], vc);
+        for (int64_t c = 0; c < chunks; ++c) acc[c][h] = mul(acc[c][h], vc);
       }
       m[h] = m_new;
     }
-    // values
-    for (int64_t t = 0; t < count; ++t) {
-      for (int64_t c = 0; c < chunks; ++c) {
-        V16 v = load_kv<T>(vp[t] + c * 16, c == chunks - 1 ? last : 16);
-        for (int64_t h = 0; h < heads; ++h) acc[h][c] = fma(set1(p[h][t]), v, acc[h][c]);
+    // values: acc[c][h] += p[t][h] * v[t][c], keys in order (chunk-outer so the H accumulators stay in registers)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t lanes = c == chunks - 1 ? last : 16;
+      V16 a[H];
+      for (int h = 0; h < H; ++h) a[h] = acc[c][h];
+      for (int64_t t = 0; t < count; ++t) {
+        const V16 v = load_kv<T>(vp[t] + c * 16, lanes);
+        for (int h = 0; h < H; ++h) a[h] = fma(set1(p[t][h]), v, a[h]);
       }
+      for (int h = 0; h < H; ++h) acc[c][h] = a[h];
     }
   }
-  for (int64_t h = 0; h < heads; ++h) {
+  for (int h = 0; h < H; ++h) {
     const V16 vl = set1(l[h]);
     for (int64_t c = 0; c < chunks; ++c)
-      store_any(out[h] + c * 16, div(acc[h][c], vl), c == chunks - 1 ? last : 16);
+      store_any(out[h] + c * 16, div(acc[c][h], vl), c == chunks - 1 ? last : 16);
+  }
+}
+
+template <typename T>
+static void attention_dispatch(const float* const* q, float* const* out, int64_t heads, int64_t D, const T* k,
+                               const T* v, int64_t stride, const RowKeys& keys, float scale) {
+  switch (heads) {
+    case 1: return attention_group_t<T, 1>(q, out, D, k, v, stride, keys, scale);
+    case 2: return attention_group_t<T, 2>(q, out, D, k, v, stride, keys, scale);
+    case 3: return attention_group_t<T, 3>(q, out, D, k, v, stride, keys, scale);
+    case 4: return attention_group_t<T, 4>(q, out, D, k, v, stride, keys, scale);
+    case 5: return attention_group_t<T, 5>(q, out, D, k, v, stride, keys, scale);
+    case 6: return attention_group_t<T, 6>(q, out, D, k, v, stride, keys, scale);
+    case 7: return attention_group_t<T, 7>(q, out, D, k, v, stride, keys, scale);
+    default: return attention_group_t<T, 8>(q, out, D, k, v, stride, keys, scale);
   }
 }
 
 void attention_group(const float* const* q, float* const* out, int64_t heads, int64_t D, const HeadCache& cache,
                      const RowKeys& keys, float scale) {
   if (cache.bf16)
-    attention_group_t<uint16_t>(q, out, heads, D, static_cast<const uint16_t*>(cache.k),
-                                static_cast<const uint16_t*>(cache.v), cache.slot_stride, keys, scale);
+    attention_dispatch<uint16_t>(q, out, heads, D, static_cast<const uint16_t*>(cache.k),
+                                 static_cast<const uint16_t*>(cache.v), cache.slot_stride, keys, scale);
   else
-    attention_group_t<float>(q, out, heads, D, static_cast<const float*>(cache.k),
-                             static_cast<const float*>(cache.v), cache.slot_stride, keys, scale);
+    attention_dispatch<float>(q, out, heads, D, static_cast<const float*>(cache.k),
+                              static_cast<const float*>(cache.v), cache.slot_stride, keys, scale);
 }
 
 }  // namespace SPECDEC_NATIVE_NS
