@@ -166,6 +166,21 @@ def exp(x: torch.Tensor) -> torch.Tensor:
     return _ops().exp(x)
 
 
+def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, NeoX's rotate-half (Qwen2, Llama): x f32[n, H, D] (last dim contiguous; a view into a
+    fused QKV output is fine), positions i64[n], cos and sin f32[P, D/2] (rope_table; HF's [P, D] also works)
+    -> f32[n, H, D], bitwise equal to HF's fp32 `x * cos + rotate_half(x) * sin` at those positions."""
+    return _ops().rope(x, positions, cos, sin)
+
+
+def rope_table(positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin f32[positions, head_dim/2] as HF's default rotary embedding computes them (inv_freq =
+    theta^(-2i/D) in fp32, angle = position * inv_freq in fp32)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: torch.Tensor,
               extra: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of each row over the keys it may see.
@@ -219,6 +234,19 @@ def bench() -> None:
         gu = torch.randn(n, 2 * I, generator=gen)
         print(f"{f'silu_mul n={n}':<34}{_time_ms(lambda: silu_mul(gu)):>11.4f}"
               f"{_time_ms(lambda: F.silu(gu[:, :I]) * gu[:, I:]):>11.4f}")
+    cos, sin = rope_table(4096, D, 1_000_000.0)
+    for n in (1, 4, 8):
+        qkv = torch.randn(n, (Hq + 2 * Hk) * D, generator=gen)
+        q_view = qkv[:, :Hq * D].view(n, Hq, D)
+        positions = torch.arange(600, 600 + n)
+
+        def rope_reference():
+            c = torch.cat([cos, cos], -1)[positions].unsqueeze(1)
+            s = torch.cat([sin, sin], -1)[positions].unsqueeze(1)
+            return q_view * c + torch.cat([-q_view[..., D // 2:], q_view[..., :D // 2]], -1) * s
+
+        print(f"{f'rope q n={n}':<34}{_time_ms(lambda: rope(q_view, positions, cos, sin)):>11.4f}"
+              f"{_time_ms(rope_reference):>11.4f}")
     for ctx in (512, 2048):
         k = torch.randn(Hk, ctx + 64, D, generator=gen).to(torch.bfloat16)
         v = torch.randn(Hk, ctx + 64, D, generator=gen).to(torch.bfloat16)

@@ -347,3 +347,52 @@ def test_isa_can_be_switched_and_rejects_unknown_names():
             pass
     with ops.use_isa("avx2"):
         assert ops.isa() == "avx2"
+
+
+# ---- rope -----------------------------------------------------------------------------------------------------
+
+def hf_rope(x, positions, cos, sin):
+    """transformers' apply_rotary_pos_emb on [n, H, D] in fp32, with its [P, D] tables (cat(freqs, freqs))."""
+    c = torch.cat([cos, cos], -1)[positions].unsqueeze(1)
+    s = torch.cat([sin, sin], -1)[positions].unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * c + rotated * s
+
+
+@pytest.mark.parametrize("D", [128, 64, 40, 6])
+def test_rope_equals_hf_bitwise(isa, D):
+    cos, sin = ops.rope_table(4096, D, 1_000_000.0)
+    x = torch.randn(9, 5, D, generator=gen(D))
+    positions = torch.tensor([0, 1, 31, 32, 100, 511, 2047, 4000, 4095])
+    assert torch.equal(ops.rope(x, positions, cos, sin), hf_rope(x, positions, cos, sin))
+    full = (torch.cat([cos, cos], -1), torch.cat([sin, sin], -1))
+    assert torch.equal(ops.rope(x, positions, *full), hf_rope(x, positions, cos, sin))
+
+
+def test_rope_table_matches_transformers():
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+    config = Qwen2Config(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, rope_theta=1_000_000.0,
+                         max_position_embeddings=4096)
+    rotary = Qwen2RotaryEmbedding(config)
+    positions = torch.arange(4096).unsqueeze(0)
+    hf_cos, hf_sin = rotary(torch.zeros(1, 1, dtype=torch.float32), positions)
+    cos, sin = ops.rope_table(4096, 128, 1_000_000.0)
+    assert torch.equal(torch.cat([cos, cos], -1), hf_cos[0]) and torch.equal(torch.cat([sin, sin], -1), hf_sin[0])
+
+
+def test_rope_reads_a_view_into_fused_qkv(isa):
+    n, hq, hk, D = 4, 12, 2, 128
+    qkv = torch.randn(n, (hq + 2 * hk) * D, generator=gen(40))
+    k_view = qkv[:, hq * D:(hq + hk) * D].view(n, hk, D)
+    cos, sin = ops.rope_table(64, D, 10_000.0)
+    positions = torch.tensor([3, 4, 5, 63])
+    assert torch.equal(ops.rope(k_view, positions, cos, sin), hf_rope(k_view.contiguous(), positions, cos, sin))
+
+
+def test_rope_rejects_a_position_outside_the_table(isa):
+    cos, sin = ops.rope_table(8, 16, 10_000.0)
+    with pytest.raises(RuntimeError, match="outside the tables"):
+        ops.rope(torch.randn(1, 2, 16), torch.tensor([8]), cos, sin)

@@ -34,6 +34,8 @@ struct HeadCache {
   void attention_group(const float* const* q, float* const* out, int64_t heads, int64_t D,                 \
                        const HeadCache& cache, const RowKeys& keys, float scale);                          \
   void exp_span(const float* x, float* out, int64_t count);                                                \
+  void rope_row(const float* x, int64_t head_stride, float* out, int64_t heads, int64_t D, const float* cos,  \
+                const float* sin);                                                                         \
   }
 
 SPECDEC_NATIVE_DECLARE(avx2)

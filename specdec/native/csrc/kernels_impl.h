@@ -187,6 +187,26 @@ void silu_mul_span(const float* gate, const float* up, float* out, int64_t count
   }
 }
 
+// RoPE, NeoX's rotate-half (Qwen2, Llama in HF): with half = D / 2, c = cos[i], s = sin[i] for i < half,
+//   out[i]        = x[i] * c - x[i + half] * s
+//   out[i + half] = x[i + half] * c + x[i] * s
+// two products and a sum or difference, each rounded once: the bits of HF's x * cos + rotate_half(x) * sin in fp32.
+void rope_row(const float* x, int64_t head_stride, float* out, int64_t heads, int64_t D, const float* cos,
+              const float* sin) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* xh = x + h * head_stride;
+    float* oh = out + h * D;
+    for (int64_t i = 0; i < half; i += 16) {
+      const int64_t c = half - i < 16 ? half - i : 16;
+      const V16 x1 = load_any(xh + i, c), x2 = load_any(xh + half + i, c);
+      const V16 vc = load_any(cos + i, c), vs = load_any(sin + i, c);
+      store_any(oh + i, sub(mul(x1, vc), mul(x2, vs)), c);
+      store_any(oh + half + i, add(mul(x2, vc), mul(x1, vs)), c);
+    }
+  }
+}
+
 // ---- attention ----------------------------------------------------------------------------------
 // One row's query heads that share a kv head. For each head on its own: the visible keys in logical
 // order in blocks of BLOCK aligned to logical index 0; per key a 16-lane dot product over D (chunks in

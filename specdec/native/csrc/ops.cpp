@@ -157,6 +157,44 @@ at::Tensor exp_op(const at::Tensor& x_in) {
   return out;
 }
 
+at::Tensor rope(const at::Tensor& x, const at::Tensor& positions_in, const at::Tensor& cos_in,
+                const at::Tensor& sin_in) {
+  check_f32(x, "rope", "x", 3);
+  check_f32(cos_in, "rope", "cos", 2);
+  check_f32(sin_in, "rope", "sin", 2);
+  const int64_t n = x.size(0), H = x.size(1), D = x.size(2), P = cos_in.size(0);
+  TORCH_CHECK(D % 2 == 0, "rope: the head size must be even, got ", D);
+  TORCH_CHECK(x.stride(2) == 1, "rope: x's last dimension must be contiguous");
+  TORCH_CHECK(cos_in.sizes() == sin_in.sizes(), "rope: cos ", cos_in.sizes(), " and sin ", sin_in.sizes(),
+              " differ in shape");
+  TORCH_CHECK(cos_in.size(1) == D / 2 || cos_in.size(1) == D, "rope: the tables must be [P, D/2] (or HF's [P, D], ",
+              "whose halves are equal), got ", cos_in.sizes(), " for D = ", D);
+  TORCH_CHECK(positions_in.scalar_type() == at::kLong && positions_in.dim() == 1 && positions_in.size(0) == n,
+              "rope: positions must be int64 [n] with n = ", n);
+  const int isa = current();
+  at::Tensor positions = positions_in.contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  const int64_t* pp = positions.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(pp[i] >= 0 && pp[i] < P, "rope: positions[", i, "] = ", pp[i], " is outside the tables' ", P, " rows");
+  at::Tensor out = at::empty({n, H, D}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t row_stride = x.stride(0), head_stride = x.stride(1), width = cos.size(1);
+  at::parallel_for(0, n, grain_rows(H * D), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float* c = cp + pp[i] * width;
+      const float* s = sp + pp[i] * width;
+      if (isa == AVX512)
+        avx512::rope_row(xp + i * row_stride, head_stride, op + i * H * D, H, D, c, s);
+      else
+        avx2::rope_row(xp + i * row_stride, head_stride, op + i * H * D, H, D, c, s);
+    }
+  });
+  return out;
+}
+
 constexpr int64_t MAX_GROUP = 8;
 
 at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -242,6 +280,7 @@ TORCH_LIBRARY(specdec_native, m) {
   m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor", &add_rms_norm);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
   m.def("exp(Tensor x) -> Tensor", &exp_op);
+  m.def("rope(Tensor x, Tensor positions, Tensor cos, Tensor sin) -> Tensor", &rope);
   m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix, Tensor extra, float scale) -> Tensor",
         &attention);
 }
