@@ -443,6 +443,7 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
                           "adapter_error": ls.host.adapter_error, "progress": ls.host.progress},
                 "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune,
                 "repo_index": ls.indexer.stats() if ls.indexer is not None else {"state": "off"},
-                "online_adaptation": ls.service.online.status(), **ls.metrics.summary()}
+                "online_adaptation": ls.service.online.status(), "cost_curve": ls.host.cost_curve(),
+                **ls.metrics.summary()}
 
     return server

@@ -119,6 +119,12 @@ class ModelHost:
     def ready(self) -> bool:
         return self.state == "ready"
 
+    def cost_curve(self) -> dict | None:
+        """For specdec/stats: the verify cost curve the planner uses (source, ms per pass size, passes learnt
+        from), or None where the strategy plans nothing."""
+        curve = self.completer.session.cost_curve if self.completer is not None else None
+        return curve.report() if curve is not None else None
+
     def load(self, settings: Settings, report=lambda message, percent: None) -> None:
         """Blocking: call from a thread. Any failure (ImportError included) ends in state 'failed' with a reason.
 

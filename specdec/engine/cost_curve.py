@@ -7,7 +7,8 @@ measured, not assumed: a handful of sizes, the fastest of a few repeats after a 
 piecewise linear in between. Measuring takes seconds, so curves are cached on disk under
 a key the caller builds from everything that changes the answer (model, dtype,
 quantization, device, torch version, threads); a cache file that cannot be read is
-measured again and rewritten.
+measured again and rewritten. A measurement is one moment: learned_cost.py corrects the curve from
+the verify passes the engine runs, and writes the corrected curve back under the same key.
 """
 
 from __future__ import annotations
@@ -118,18 +119,30 @@ def cached_cost_curve(key: str, measure: Callable[[], CostCurve], *, refresh: bo
                       path: Path | None = None) -> CostCurve:
     """The curve stored under key, or measure() stored there. Unreadable files or entries are
     measured again and rewritten, never an error: the cache only saves time."""
-    path = path or paths.cache_dir() / CACHE_FILE
-    stored = _read(path)
+    return load_cost_curve(key, measure, refresh=refresh, path=path)[0]
+
+
+def load_cost_curve(key: str, measure: Callable[[], CostCurve], *, refresh: bool = False,
+                    path: Path | None = None) -> tuple[CostCurve, str]:
+    """cached_cost_curve's curve and where it came from: "cached" (read) or "measured" (and stored)."""
+    stored = _read(path or paths.cache_dir() / CACHE_FILE)
     if not refresh and key in stored:
         try:
-            return CostCurve.from_json(stored[key])
+            return CostCurve.from_json(stored[key]), "cached"
         except (KeyError, TypeError, ValueError):
             pass  # a damaged entry: measure again
     curve = measure()
-    stored = _read(path)  # another process may have added its own curve meanwhile
+    store_cost_curve(key, curve, path=path)
+    return curve, "measured"
+
+
+def store_cost_curve(key: str, curve: CostCurve, *, path: Path | None = None) -> None:
+    """Store curve under key, keeping every other key's (another process may have added its own meanwhile);
+    a cache that cannot be written is skipped."""
+    path = path or paths.cache_dir() / CACHE_FILE
+    stored = _read(path)
     stored[key] = curve.to_json()
     _write(path, stored)
-    return curve
 
 
 def measure_kv_cost_curve(kv_model, key: str | None = None, *, points: Sequence[int] = DEFAULT_POINTS,

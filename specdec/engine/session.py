@@ -108,7 +108,7 @@ class Session:
             ids.add(tokenizer.eos_token_id)
         self.stop_token_ids = frozenset(ids)
         self.lock = threading.Lock()  # one generation at a time: the caches are shared state
-        self.cost_curve = None  # the target's verify cost per pass size, when a strategy measured it
+        self.cost_curve = None  # the target's verify cost per pass size (a LearnedCostCurve), when a strategy plans
 
     def reset(self) -> None:
         self.target.reset()
@@ -162,6 +162,8 @@ class Session:
             target_logits = self.target.extend_tree([out[-1]] + tree.tokens, [ROOT] + [p + 1 for p in tree.parents])
             verdict = verify_tree(tree, target_logits, sampling, generator)
             t2 = time.perf_counter()
+            if self.cost_curve is not None:  # every timed pass corrects the planner's curve (learned_cost.py)
+                self.cost_curve.observe(1 + len(tree), t2 - t1)
             self.target.keep_path([0] + [node + 1 for node in verdict.path])
             if draft.tokens:
                 feedback = {"verdict": verdict} if draft.tree is not None else {}

@@ -23,13 +23,21 @@ def needs_cost_curve(strategy: str, draft_model: bool = True) -> bool:
     return strategy in COST_CURVE_STRATEGIES and (draft_model or strategy != "auto")
 
 
-def target_cost_curve(target_kv, key: str | None = None):
-    """The verify cost of 1..MAX_DRAFT + 1 tokens on this target (cached under key when given).
+def target_cost_curve(target_kv, key: str | None = None, path=None):
+    """The verify cost of 1..MAX_DRAFT + 1 tokens on this target (cached under key when given), as a
+    LearnedCostCurve: the session's verify passes correct it from then on, and write it back under key.
 
     Runs real passes on target_kv and leaves its cache empty: call it while nothing generates."""
-    from specdec.engine.cost_curve import measure_kv_cost_curve
+    from specdec.engine.cost_curve import load_cost_curve, measure_kv_cost_curve
+    from specdec.engine.learned_cost import LearnedCostCurve
 
-    return measure_kv_cost_curve(target_kv, key, points=TREE_POINTS)
+    def measure():
+        return measure_kv_cost_curve(target_kv, None, points=TREE_POINTS)
+
+    if key is None:
+        return LearnedCostCurve(measure(), "measured")
+    curve, source = load_cost_curve(key, measure, path=path)
+    return LearnedCostCurve(curve, source, key=key, path=path)
 
 
 def needs_draft_model(strategy: str) -> bool:
@@ -123,12 +131,17 @@ def make_session(target, tokenizer, strategy: str, draft_model=None, stop_token_
                  max_draft: int = 8, repo_index=None, prompt_markers=None, cost_curve=None,
                  cost_key: str | None = None):
     """cost_key: where `tree` (and `auto` with a draft model) caches the target's cost curve when none is given
-    (cost_curve.cost_curve_key)."""
+    (cost_curve.cost_curve_key); that curve is then learnt from the session's verify passes. A plain CostCurve
+    given is held fixed (tests, a known machine)."""
     from specdec.engine.session import Session
+
+    from specdec.engine.learned_cost import LearnedCostCurve
 
     session = Session(target, tokenizer, None, stop_token_ids, strategy=strategy)
     if needs_cost_curve(strategy, draft_model is not None) and cost_curve is None:
         cost_curve = target_cost_curve(session.target, cost_key)
+    elif cost_curve is not None and not isinstance(cost_curve, LearnedCostCurve):
+        cost_curve = LearnedCostCurve(cost_curve, "given", learn=False)  # the caller's machine, held as given
     session.cost_curve = cost_curve
     session.drafter = make_drafter(strategy, draft_model, adaptive, max_draft, repo_index, prompt_markers, cost_curve)
     return session

@@ -1,7 +1,8 @@
 """Sequoia at run time: the next draft's tree shape from what this session has measured.
 
 The dynamic program (tree_shape.best_shape) needs two inputs. The hardware's: the cost
-curve of a target pass over n tokens, measured once per model at load (cost_curve.py).
+curve of a target pass over n tokens, measured at load (cost_curve.py) and corrected by every
+verify pass since (learned_cost.py).
 The drafter's: the acceptance of its r-th best candidate at each depth, learnt from every
 verdict (tree_stats.AcceptanceVector), plus what one level of drafting costs, learnt from
 the drafter's own timings. A planner owns the last two and asks the program before every
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 from specdec.engine.acceptance import TreeVerdict
 from specdec.engine.cost_curve import CostCurve
+from specdec.engine.learned_cost import LearnedCostCurve
 from specdec.engine.tree import TokenTree
 from specdec.engine.tree_shape import TreeShape, best_shape
 from specdec.engine.tree_stats import AcceptanceVector
@@ -25,9 +27,10 @@ PLANNED_DEPTHS = 3  # acceptance rows the program sees (deeper reuses the last):
 
 @dataclass
 class TreePlanner:
-    """cost: seconds of one target pass over n tokens. max_nodes / max_depth: hard caps on the tree."""
+    """cost: seconds of one target pass over n tokens (a CostCurve, or the LearnedCostCurve that moves under it).
+    max_nodes / max_depth: hard caps on the tree."""
 
-    cost: CostCurve
+    cost: CostCurve | LearnedCostCurve
     acceptance: AcceptanceVector = field(default_factory=AcceptanceVector)
     max_nodes: int = 16
     max_depth: int = 8

@@ -95,6 +95,31 @@ async def test_every_bad_request_is_answered(wire, message, reply_id, code):
     assert wire.capture.replies()[0]["result"]["model"]["state"] == "idle"
 
 
+async def test_stats_say_which_cost_curve_the_planner_uses(wire):
+    """Issue #40 item 2: the curve's source (measured, cached, learned), its ms per pass size and the passes
+    it has seen; null where the strategy plans nothing."""
+    from types import SimpleNamespace
+
+    from specdec.engine.cost_curve import CostCurve
+    from specdec.engine.learned_cost import LearnedCostCurve
+
+    await initialize(wire)
+    wire.feed(rc.frame(rc.request(1, "specdec/stats", {})))
+    assert wire.capture.replies()[0]["result"]["cost_curve"] is None  # nothing loaded
+    curve = LearnedCostCurve(CostCurve((1, 2, 4, 8), (0.080, 0.099, 0.134, 0.157)), "cached", min_passes=2)
+    wire.server.host.completer = SimpleNamespace(session=SimpleNamespace(cost_curve=curve))
+    wire.feed(rc.frame(rc.request(2, "specdec/stats", {})))
+    assert wire.capture.replies()[0]["result"]["cost_curve"] == {
+        "source": "cached", "ms": {"1": 80.0, "2": 99.0, "4": 134.0, "8": 157.0}, "passes": 0}
+    for _ in range(2):
+        for n, seconds in ((1, 0.083), (8, 0.136)):
+            curve.observe(n, seconds)
+    wire.feed(rc.frame(rc.request(3, "specdec/stats", {})))
+    reported = wire.capture.replies()[0]["result"]["cost_curve"]
+    assert reported["source"] == "learned" and reported["passes"] == 4
+    assert reported["ms"]["1"] == 83.0 and reported["ms"]["8"] == 136.0
+
+
 @pytest.mark.parametrize("raw, reply_id, code", [
     (b'{"jsonrpc": "2.0", "id": 5, "method": "specdec/stats", "params": {"x": "\xff\xfe"}}', 5, -32700),
     (b'{"jsonrpc": "2.0", "id": 6, "method": "specdec/st', 6, -32700),

@@ -266,9 +266,9 @@ def test_first_run_pulls_catalog_models_with_progress_then_loads(tmp_path, monke
     assert percents == sorted(percents) and percents[-1] < 100  # monotonic, then the session is built
     assert reports[0][0] == f"downloading {DEFAULT_TARGET} part 1/3" and "loading target" in reports[-3][0]
     # auto with a draft model plans its drafts with the target's cost curve: measured at load, reported last
-    assert reports[-1][0].startswith("measuring the target's verify cost") and host.completer.session.cost_curve
+    assert reports[-1][0].startswith("measuring the target's verify cost") and host.cost_curve()["source"] == "measured"
     host.load(settings)  # now cached: nothing pulled again
-    assert pulled == [DEFAULT_TARGET, DEFAULT_DRAFT]
+    assert pulled == [DEFAULT_TARGET, DEFAULT_DRAFT] and host.cost_curve()["source"] == "cached"
 
 
 async def test_closed_documents_leave_nothing_behind_and_open_ones_are_bounded(tmp_path):
