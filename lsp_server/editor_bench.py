@@ -300,7 +300,13 @@ def replay_llama(args, sessions: list[TypingSession]) -> tuple[list[editor_llama
     print(f"{len(sessions)} typing sessions against llama-server /infill ({gguf.name}; {settings.max_new_tokens} "
           f"tokens, prompt window {settings.max_prefix_tokens}/{settings.max_suffix_tokens} tokens)", flush=True)
     records: list[editor_llama.LlamaRecord] = []
-    with llama.LlamaServer(binary, gguf) as server:
+    with llama.anchor_server(binary, gguf) as anchor:
+        if anchor.server is None:
+            print(f"skipping the llama-server replay: {anchor.failed}", flush=True)
+            return None
+        if anchor.note:
+            print(f"llama-server runs with weight repacking off ({anchor.repack_failure} with it on)", flush=True)
+        server = anchor.server
         for n, session in enumerate(sessions):
             print(f"  typing {len(session.typed)} characters of {session.language} ({session.path})", flush=True)
             replay = editor_llama.LlamaReplay(server.port, rules, session.language)
@@ -308,7 +314,7 @@ def replay_llama(args, sessions: list[TypingSession]) -> tuple[list[editor_llama
                                    keystroke_delays(session.typed, seed=n)))
             records.extend(replay.records)
         peak = server.peak_rss_mb()
-    return records, {"gguf": str(gguf), "peak_rss_mb": peak}
+    return records, {"gguf": str(gguf), "peak_rss_mb": peak, "repack": anchor.repack}
 
 
 def repo_sessions(spec: str, limit: int, workspace: Path) -> tuple[list[TypingSession], list[str], dict]:

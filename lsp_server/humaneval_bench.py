@@ -82,7 +82,7 @@ def _mean(values: list) -> float | None:
 
 def summarize(rows: list[dict], configs: list[str]) -> dict:
     """Per configuration: pass@1, exact match, speed, and agreement of its texts with the first configuration's."""
-    first = {r["task_id"]: r["text"] for r in rows if r["config"] == configs[0]}
+    first = {r["task_id"]: r["text"] for r in rows if r["config"] == configs[0]} if configs else {}
     summary = {}
     for config in configs:
         mine = [r for r in rows if r["config"] == config]
@@ -186,7 +186,8 @@ def llama_anchor(settings: Settings):
         print(f"no GGUF for {settings.target}: skipping {LLAMA_INFILL}", flush=True)
         return None
 
-    def run_tasks(tasks, config, timeout, keep, host) -> list[dict]:
+    def run_tasks(tasks, config, timeout, keep, host) -> list[dict] | None:
+        """The rows of tasks, or None (said why) when llama-server cannot run even with weight repacking off."""
         from lsp_server.llama_anchor import InfillRules
 
         if not tasks:
@@ -195,7 +196,13 @@ def llama_anchor(settings: Settings):
         rules = InfillRules.load(settings, tokenizer)
         print(f"{LLAMA_INFILL}: llama-server /infill on {gguf.name}, {settings.max_new_tokens} tokens at most, "
               f"prompt window {settings.max_prefix_tokens}/{settings.max_suffix_tokens} tokens", flush=True)
-        with llama.LlamaServer(binary, gguf) as server:
+        with llama.anchor_server(binary, gguf) as anchor:
+            if anchor.server is None:
+                print(f"skipping {LLAMA_INFILL}: {anchor.failed}", flush=True)
+                return None
+            if anchor.note:
+                print(f"{LLAMA_INFILL}: weight repacking off ({anchor.repack_failure} with it on)", flush=True)
+            server = anchor.server
             return evaluate(None, tasks, settings, config, timeout, on_row=keep,
                             answer=lambda task: rules.complete(server.port, "python", task.prefix, task.suffix))
 
@@ -296,7 +303,11 @@ def run(args, engine_default: str = "") -> int:
             configs.append(config)
             todo = [t for t in tasks if (config, t.task_id) not in done]
             if strategy == LLAMA_INFILL:
-                new = {r["task_id"]: r for r in anchor(todo, config, args.humaneval_timeout, keep, host)}
+                answered = anchor(todo, config, args.humaneval_timeout, keep, host)
+                if answered is None:  # its server cannot run here: the other configurations' rows stand
+                    configs.pop()
+                    continue
+                new = {r["task_id"]: r for r in answered}
             else:
                 current = replace(settings, strategy=strategy)
                 if not host.apply(current):

@@ -5,13 +5,20 @@ Its "model" (-m) is a JSON file: {"answers": {text before the cursor: [token ids
 "log": a JSONL file where each request's body is written with how it ended: "done", or "closed" when the
 client closed the connection before the reply was complete}. It streams (SSE, chunked) or answers whole,
 as llama-server does, honouring n_predict (stop_type "limit") and otherwise ending with stop_type "eos".
+`/completion` (the engine benchmark's) answers "default" cut to n_predict, whole.
+"crash": "start" or "completion" kills the program with SIGILL there while weight repacking is on, as
+llama.cpp's AMX repack does on some Intel CPUs (LLAMA_ARG_REPACK=0 in its environment turns it off);
+"crash_always": true crashes there whatever the environment says.
 Run as a program it takes llama-server's flags (-m, --port; the rest ignored); in a test, `start(config)`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import resource
 import select
+import signal
 import socket
 import sys
 import threading
@@ -66,6 +73,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/completion":
+            crash_if_asked(self.config, "completion")
+            limit = int(body.get("n_predict", -1))
+            tokens = self.config.get("default", [])
+            tokens = tokens[:limit] if limit >= 0 else tokens
+            self._json(200, {"tokens": tokens, "timings": {"prompt_n": len(body.get("prompt", [])),
+                                                           "prompt_ms": 1.0, "predicted_ms": 1.0}})
+            self._log(body, "done", len(tokens))
+            return
         if self.path != "/infill":
             self._json(404, {"error": "not found"})
             return
@@ -141,10 +157,25 @@ def executable(tmp_path: Path) -> Path:
     return wrapper
 
 
+def crash_if_asked(config: dict, where: str) -> None:
+    """Die of SIGILL at `where` if the config asks for it there (while repacking is on, or always)."""
+    if config.get("crash") != where:
+        return
+    if os.environ.get("LLAMA_ARG_REPACK") == "0" and not config.get("crash_always"):
+        return
+    print("ggml_backend_amx_mul_mat: illegal instruction (a stand-in)", file=sys.stderr, flush=True)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
+    # to this thread, as a real fault is: os.kill would let the kernel pick the main thread, and this
+    # one could still answer the request before the process is gone
+    signal.pthread_kill(threading.get_ident(), signal.SIGILL)
+
+
 def main(argv: list[str]) -> None:
     model = argv[argv.index("-m") + 1]
     port = int(argv[argv.index("--port") + 1])
-    server = start(json.loads(Path(model).read_text()), port)
+    config = json.loads(Path(model).read_text())
+    crash_if_asked(config, "start")
+    server = start(config, port)
     try:
         threading.Event().wait()
     finally:

@@ -24,6 +24,7 @@ from specdec.engine.strategies import STRATEGIES
 
 HF = ("hf-plain", "hf-assisted", "hf-lookup")
 OURS = STRATEGIES  # every engine strategy
+REPACK_OFF_ENV = "LLAMA_ARG_REPACK=0"
 
 
 def peak_rss_mb() -> float:
@@ -51,8 +52,10 @@ def hf_generate(strategy: str, target, draft, prompt: list[int], max_new: int, s
     return out, seconds
 
 
-def start_llama(strategies: list[str], args, stack) -> dict:
-    """A `llama-server` per llama.cpp strategy asked for, on the same GGUFs; {} (rows skipped) if not installed."""
+def start_llama(strategies: list[str], args, stack, skipped: dict[str, str]) -> dict:
+    """A started LlamaAnchor per llama.cpp strategy asked for, on the same GGUFs. One that cannot run (llama.cpp
+    not installed, no GGUF, a server that dies even with repacking off) goes into `skipped` with the reason,
+    said once here: the other rows run without it."""
     from specdec.bench import llama
     from specdec.models.store import target_gguf
 
@@ -62,14 +65,32 @@ def start_llama(strategies: list[str], args, stack) -> dict:
     binary = llama.find_server()
     if binary is None:
         print(f"llama.cpp is not installed: skipping {', '.join(asked)}. Install it with:\n  {llama.INSTALL_HINT}")
+        skipped.update({s: "llama.cpp is not installed" for s in asked})
         return {}
     target = target_gguf(args.target)
     draft = target_gguf(args.draft) if "llama-draft" in asked else None
     if target is None:
         print(f"no GGUF for {args.target}: skipping {', '.join(asked)}")
+        skipped.update({s: f"no GGUF for {args.target}" for s in asked})
         return {}
-    return {s: stack.enter_context(llama.LlamaServer(binary, target, llama.server_args(s, draft, args.max_draft)))
-            for s in asked}
+    anchors = {}
+    for s in asked:
+        try:
+            extra = llama.server_args(s, draft, args.max_draft)
+        except ValueError as exc:
+            skipped[s] = str(exc)
+            print(f"skipping {s}: {skipped[s]}", flush=True)
+            continue
+        anchor = llama.LlamaAnchor(binary, target, extra)
+        stack.callback(anchor.close)
+        if anchor.start():
+            anchors[s] = anchor
+            if anchor.note:
+                print(f"{s}: {anchor.repack_failure}; running with {anchor.note} ({REPACK_OFF_ENV})", flush=True)
+        else:
+            skipped[s] = anchor.failed
+            print(f"skipping {s}: {anchor.failed}", flush=True)
+    return anchors
 
 
 def run_bench(args) -> int:
@@ -83,13 +104,17 @@ def run_bench(args) -> int:
     unknown = [s for s in strategies if s not in known]
     if unknown:
         raise SpecdecError(f"unknown strategies {unknown}; known: {', '.join(known)}")
+    skipped: dict[str, str] = {}  # strategy -> why its rows are missing
     with contextlib.ExitStack() as stack:
-        anchors = start_llama(strategies, args, stack)
-        strategies = [s for s in strategies if s not in llama.STRATEGIES or s in anchors]
-        return _run(args, strategies, anchors)
+        anchors = start_llama(strategies, args, stack, skipped)
+        strategies = [s for s in strategies if s not in skipped]
+        if not strategies:
+            print("nothing left to run: every strategy asked for was skipped", flush=True)
+            return 1
+        return _run(args, strategies, anchors, skipped)
 
 
-def _run(args, strategies: list[str], anchors: dict) -> int:
+def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str]) -> int:
     from specdec.bench.workload import SOURCES, load_workload, local_sources
     from specdec.prompts.completion import Completer
     from specdec.engine.session import GenerationConfig, Session
@@ -122,8 +147,8 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
     curve = None
     if any(needs_cost_curve(s, draft is not None) for s in strategies):
         curve = target_cost_curve(session.target, cost_curve_key(**pair.target_identity()))
-        print("target verify cost (ms per pass of n tokens): "
-              + ", ".join(f"{n}: {1000 * t:.0f}" for n, t in zip(curve.tokens, curve.seconds)), flush=True)
+        session.cost_curve = curve  # learnt from every timed pass from here on, as in the server
+        print(curve_line(curve), flush=True)
     drafters = {s: make_drafter(s, draft, max_draft=args.max_draft, cost_curve=curve) for s in strategies if s in OURS}
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_draft=args.max_draft)
 
@@ -139,16 +164,23 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
         prompt = completer.prompt(hole.prefix, hole.suffix).ids
         previous = completer.prompt(hole.prefix[:-1], hole.suffix).ids
         reference = None
-        for strategy in strategies:
+        for strategy in list(strategies):
             row = {"hole": hole.name, "language": hole.language, "strategy": strategy, "prompt_tokens": len(prompt)}
             if strategy in HF:
                 tokens, seconds = hf_generate(strategy, target, draft, prompt, args.max_new_tokens, stops)
                 row.update(seconds=seconds, new_tokens=len(tokens), mode="cold")
             elif strategy in anchors:
-                server = anchors[strategy]
-                if not args.cold:  # the previous keystroke, untimed: its prompt cache then holds what ours does
-                    server.complete(previous, 1, stops)
-                result = server.complete(prompt, args.max_new_tokens, stops)
+                anchor = anchors[strategy]
+                # the previous keystroke, untimed: its prompt cache then holds what ours does
+                warmed = args.cold or anchor.complete(previous, 1, stops) is not None
+                result = anchor.complete(prompt, args.max_new_tokens, stops) if warmed else None
+                if result is None:  # died for good: the configuration goes, its rows so far with it
+                    skipped[strategy] = anchor.failed
+                    strategies.remove(strategy)
+                    rows = [r for r in rows if r["strategy"] != strategy]
+                    print(f"  skipping {strategy}: {anchor.failed}", flush=True)
+                    continue
+                row["llama_repack"] = anchor.repack
                 tokens = result.tokens
                 row.update(seconds=result.seconds, new_tokens=len(tokens), mode="cold" if args.cold else "warm",
                            drafted=result.drafted, accepted=result.accepted,
@@ -166,12 +198,18 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
             row["peak_rss_mb"] = round(server_rss if server_rss is not None else peak_rss_mb())
             row["text"] = tokenizer.decode(tokens)
             rows.append(row)
-            print(f"  {hole.name:28} {strategy:12} {row['new_tokens']:3d} tok {row['seconds']:6.2f}s "
+            print(f"  {hole.name:28} {label(strategy, anchors):12} {row['new_tokens']:3d} tok {row['seconds']:6.2f}s "
                   f"{row['tokens_per_second']:5.2f} tok/s equal={row['equals_plain']}{tree_note(row)}", flush=True)
 
+    if curve is not None:
+        print(curve_line(curve), flush=True)  # what the planner ended with
+    if not strategies:
+        print("nothing left to run: every strategy was skipped", flush=True)
+        return 1
     summary = summarize(rows, strategies)
     summary["machine_read_gbps"] = machine["read_gbps"]
-    print_tables(summary, strategies)
+    print_tables(summary, strategies, {s: label(s, anchors) for s in strategies})
+    print_llama_notes(anchors, skipped)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
@@ -183,12 +221,39 @@ def _run(args, strategies: list[str], anchors: dict) -> int:
                      "license": s.license, "project": s.project} for s in sources],
         "peak_rss_mb": round(peak_rss_mb()),
         "machine_bandwidth": machine,
-        "cost_curve": curve.to_json() if curve is not None else None,
+        "cost_curve": curve.report() if curve is not None else None,
+        "llama": {s: {"repack": a.repack, "repack_failure": a.repack_failure} for s, a in anchors.items()
+                  if s in strategies},
+        "skipped": skipped,
         "summary": summary,
         "rows": rows,
     }, indent=2))
     print(f"\nwrote {out}; peak RSS {peak_rss_mb():.0f} MB")
     return 0
+
+
+def label(strategy: str, anchors: dict) -> str:
+    """A row's name in the tables: a llama.cpp row that runs without weight repacking says so."""
+    anchor = anchors.get(strategy)
+    return f"{strategy} ({anchor.note})" if anchor is not None and anchor.note else strategy
+
+
+def print_llama_notes(anchors: dict, skipped: dict[str, str]) -> None:
+    """Under the tables: how each llama.cpp row ran, and what was skipped and why."""
+    for s, anchor in anchors.items():
+        if anchor.note and s not in skipped:
+            print(f"{s}: llama-server ran with weight repacking off ({REPACK_OFF_ENV}); with it on, "
+                  f"{anchor.repack_failure.removeprefix('llama-server ')}")
+    for s, reason in skipped.items():
+        print(f"skipped {s}: {reason}")
+
+
+def curve_line(curve) -> str:
+    """Which verify cost curve the planner uses: its source (measured, cached, learned) and ms per pass size."""
+    report = curve.report()
+    learnt = f", {report['passes']} passes observed" if report["passes"] else ""
+    return (f"target verify cost ({report['source']}{learnt}; ms per pass of n tokens): "
+            + ", ".join(f"{n}: {ms:.0f}" for n, ms in report["ms"].items()))
 
 
 def run_ours(session, drafter, strategy: str, prompt: list[int], previous: list[int], config, cold: bool,
@@ -269,23 +334,25 @@ def _fmt(value, spec: str) -> str:
     return format(value, spec) if value is not None else "-"
 
 
-def print_tables(summary: dict, strategies: list[str]) -> None:
+def print_tables(summary: dict, strategies: list[str], labels: dict[str, str] | None = None) -> None:
+    labels = labels or {}
+    width = max([12, *(len(labels.get(s, s)) for s in strategies)])
     machine = summary.get("machine_read_gbps")
     print(f"\nOverall (speedup vs {summary['baseline']}, per-hole tokens/s ratios; GB/s: weight bytes x tok/s, "
           f"as gpt-fast prints it{f', of {machine:.1f} GB/s this machine reads' if machine else ''})")
-    print(f"{'strategy':12} {'tok/s':>6} {'speedup':>8} {'min':>6} {'vs-assist':>9} {'accept':>7} {'tok/pass':>8} "
+    print(f"{'strategy':{width}} {'tok/s':>6} {'speedup':>8} {'min':>6} {'vs-assist':>9} {'accept':>7} {'tok/pass':>8} "
           f"{'=plain':>7} {'reused':>7} {'GB/s':>6} {'RSS MB':>7}")
     for s in strategies:
         a = summary["overall"][s]
         reused = a["prefill_reused"] / (a["prefill_reused"] + a["prefill_computed"]) \
             if a["prefill_reused"] + a["prefill_computed"] else None
-        print(f"{s:12} {a['tokens_per_second_median']:6.2f} {_fmt(a['speedup_median'], '8.2f')} "
+        print(f"{labels.get(s, s):{width}} {a['tokens_per_second_median']:6.2f} {_fmt(a['speedup_median'], '8.2f')} "
               f"{_fmt(a['speedup_min'], '6.2f')} {_fmt(a['vs_hf_assisted_median'], '9.2f')} "
               f"{_fmt(a['acceptance_rate'], '7.2f')} {_fmt(a['tokens_per_pass'], '8.2f')} "
               f"{a['equal_to_plain']:7.0%} {_fmt(reused, '7.0%')} {a['bandwidth_gbps_median']:6.1f} "
               f"{a['peak_rss_mb']:7d}")
     print("\nPer language: median speedup (acceptance)")
-    print(f"{'language':12} " + " ".join(f"{s:>14}" for s in strategies))
+    print(f"{'language':12} " + " ".join(f"{labels.get(s, s):>14}" for s in strategies))
     for lang, per in summary["per_language"].items():
         cells = []
         for s in strategies:

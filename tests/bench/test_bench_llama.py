@@ -89,3 +89,90 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"  # a zombie (init has not reaped it yet) is dead
+
+
+# -- issue #40 item 3: an anchor that dies (llama.cpp's AMX repack on some Intel CPUs) ---------------------------
+def fake_model(tmp_path, **config) -> Path:
+    model = tmp_path / "model.gguf"  # the stand-in's "model" is its config
+    model.write_text(json.dumps({"default": [50, 51, 52, 53], **config}))
+    return model
+
+
+@pytest.mark.parametrize("where", ["start", "completion"])
+def test_an_anchor_that_dies_with_repacking_runs_again_without_it(tmp_path, where):
+    from fake_llama_server import executable
+
+    anchor = llama.LlamaAnchor(executable(tmp_path), fake_model(tmp_path, crash=where))
+    try:
+        assert anchor.start() and anchor.note == ("repack off" if where == "start" else "")
+        result = anchor.complete([1, 2, 3], 3, stops=set())
+        assert result is not None and result.tokens == [50, 51, 52]  # the same request, answered after the restart
+        assert not anchor.repack and anchor.note == "repack off" and not anchor.failed
+        assert "died with SIGILL" in anchor.repack_failure
+        assert anchor.server.process.poll() is None
+    finally:
+        anchor.close()
+    assert anchor.server is None
+
+
+@pytest.mark.parametrize("where", ["start", "completion"])
+def test_an_anchor_that_always_dies_says_why(tmp_path, where):
+    from fake_llama_server import executable
+
+    anchor = llama.LlamaAnchor(executable(tmp_path), fake_model(tmp_path, crash=where, crash_always=True))
+    try:
+        if where == "start":
+            assert not anchor.start()
+        else:
+            assert anchor.start() and anchor.complete([1], 2, stops=set()) is None
+        assert anchor.failed.startswith("llama-server died with SIGILL") and "(with repacking on and off)" in anchor.failed
+        assert "illegal instruction" in anchor.failed  # its last log line
+        assert anchor.server is None
+    finally:
+        anchor.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    import tiny
+
+    root = tmp_path_factory.mktemp("models")
+    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+
+
+@pytest.mark.parametrize("always", [False, True], ids=["repack-off-works", "always-dies"])
+def test_the_benchmark_keeps_its_own_rows_when_the_anchor_dies(tiny_models, tmp_path, monkeypatch, capsys, always):
+    """`specdec bench --strategies plain,draft,llama-plain` on a llama-server that dies with SIGILL: retried
+    without repacking and marked so in the table, or skipped with the reason; our rows print either way."""
+    from fake_llama_server import executable
+
+    from specdec.cli import main
+    from specdec.models import store
+
+    model = fake_model(tmp_path, crash="start", crash_always=always)
+    monkeypatch.setattr(store, "target_gguf", lambda spec: model)
+    monkeypatch.setenv("SPECDEC_LLAMA_SERVER", str(executable(tmp_path)))
+    code = tmp_path / "lib.py"
+    code.write_text("".join(f"def scaled_{i}(value):\n    return value * {i} + offset\n\n" for i in range(30)))
+    out = tmp_path / "bench.json"
+    status = main(["bench", "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]), "--strategies",
+                   "plain,draft,llama-plain", "--files", str(code), "--holes", "1", "--max-new-tokens", "4",
+                   "--dtype", "fp32", "--output", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    result = json.loads(out.read_text())
+    table = printed[printed.index("\nOverall"):]
+    assert [line.split()[0] for line in table.splitlines()[3:5]] == ["plain", "draft"]  # our rows, in the table
+    if always:
+        assert sorted(r["strategy"] for r in result["rows"]) == ["draft", "plain"]
+        assert result["skipped"]["llama-plain"].startswith("llama-server died with SIGILL")
+        assert "skipped llama-plain: llama-server died with SIGILL" in table
+        assert "llama-plain (repack off)" not in table
+    else:
+        llama_rows = [r for r in result["rows"] if r["strategy"] == "llama-plain"]
+        assert len(llama_rows) == 1 and llama_rows[0]["llama_repack"] is False and llama_rows[0]["new_tokens"] == 4
+        assert result["llama"] == {"llama-plain": {"repack": False, "repack_failure": result["llama"]["llama-plain"]
+                                                   ["repack_failure"]}} and not result["skipped"]
+        assert "died with SIGILL" in result["llama"]["llama-plain"]["repack_failure"]
+        assert "\nllama-plain (repack off) " in table
+        assert "llama-plain: llama-server ran with weight repacking off (LLAMA_ARG_REPACK=0)" in table
