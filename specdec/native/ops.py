@@ -14,10 +14,9 @@ Shapes: n rows, d model width, I intermediate width, Hq query heads, Hk kv heads
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import logging
 import os
 import platform
-import shutil
 import sys
 import threading
 from pathlib import Path
@@ -25,84 +24,48 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("ops.cpp", "kernels_avx2.cpp", "kernels_avx512.cpp")
-HEADERS = ("kernels.h", "kernels_impl.h")
+SOURCES = ("ops.cpp", "kernels_avx2.cpp", "kernels_avx512.cpp")  # and csrc's headers
 # -ffp-contract=off: no fused multiply-add the source did not write (the two paths must round alike)
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math")
 LDFLAGS = ("-fopenmp",)
 
 _lock = threading.Lock()
+log = logging.getLogger("specdec.native")
 _state: dict = {}
 
 
-def source_hash() -> str:
-    """What the compiled library depends on: the C++ files, the flags, torch's version and Python's."""
-    digest = hashlib.sha256()
-    for name in SOURCES + HEADERS:
-        digest.update(name.encode() + b"\0" + (CSRC / name).read_bytes())
-    digest.update("\n".join([*CFLAGS, *LDFLAGS, torch.__version__, sys.version.split()[0]]).encode())
-    return digest.hexdigest()[:16]
-
-
-def _find_ninja() -> bool:
-    """torch's builder runs `ninja` from PATH; the `ninja` package's binary counts when the venv is not activated."""
-    if shutil.which("ninja"):
-        return True
-    dirs = [str(Path(sys.executable).parent)]
-    try:
-        import ninja
-
-        dirs.append(ninja.BIN_DIR)
-    except (ImportError, AttributeError):
-        pass
-    for directory in dirs:
-        if shutil.which("ninja", path=directory):
-            os.environ["PATH"] = directory + os.pathsep + os.environ.get("PATH", "")
-            return True
-    return False
-
-
 def _why_not() -> str:
-    """Why the library cannot be built here, or ''."""
+    """Why the ops cannot run here before any build is tried, or '' (build.py says why a build cannot)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
-        return "no C++ compiler (c++)"
-    if not _find_ninja():
-        return "no ninja (pip install ninja)"
     return ""
 
 
-def _load_extension(name: str, sources: list[str], extra_cflags: list[str]):
-    """Build (once per machine and source version) and load the extension; the one place that knows how."""
-    from torch.utils.cpp_extension import get_default_build_root, load
+def _load_extension() -> str:
+    """Build (once per machine and source version, within build.py's time bound) and load the library; '' or
+    why not. Its ops register themselves under torch.ops.specdec_native."""
+    from specdec.native.build import load_extension
 
-    directory = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / "specdec" / name
-    if not (directory / f"{name}.so").is_file():
-        print(f"specdec: building the native ops once for this machine into {directory} (about a minute)",
-              file=sys.stderr, flush=True)
-    directory.mkdir(parents=True, exist_ok=True)
-    return load(name=name, sources=sources, extra_cflags=extra_cflags, extra_ldflags=list(LDFLAGS),
-                extra_include_paths=[str(CSRC)], build_directory=str(directory))
+    loaded = load_extension("specdec_native", [CSRC / s for s in SOURCES], extra_cflags=CFLAGS,
+                            extra_ldflags=LDFLAGS, extra_include_paths=[CSRC], python_module=False,
+                            label="the native ops")
+    return loaded.reason
 
 
 def _load() -> bool:
     with _lock:
         if "ok" in _state:
             return _state["ok"]
-        reason = _why_not()
-        if not reason:
+        reason = _why_not() or _load_extension()
+        if not reason and torch.ops.specdec_native.cpu_isa() == "none":
+            reason = "the CPU has neither AVX2+FMA nor AVX512F"
+        wanted = os.environ.get("SPECDEC_NATIVE_ISA", "")
+        if not reason and wanted:
             try:
-                _load_extension(f"specdec_native_{source_hash()}", [str(CSRC / s) for s in SOURCES], list(CFLAGS))
-                if torch.ops.specdec_native.cpu_isa() == "none":
-                    reason = "the CPU has neither AVX2+FMA nor AVX512F"
-                else:
-                    wanted = os.environ.get("SPECDEC_NATIVE_ISA", "")
-                    if wanted:
-                        torch.ops.specdec_native.set_isa(wanted)
-            except Exception as exc:  # noqa: BLE001 - a failed build leaves the torch path working
-                text = str(exc).strip()
-                reason = f"its build failed ({text.splitlines()[0] if text else type(exc).__name__})"
+                torch.ops.specdec_native.set_isa(wanted)
+            except RuntimeError as exc:  # a path this CPU lacks, or no such path: the CPU's best stands
+                text = str(exc).strip().splitlines()
+                log.warning("SPECDEC_NATIVE_ISA=%s ignored: %s", wanted, text[0] if text else exc)
         _state["ok"], _state["reason"] = not reason, reason
         return not reason
 

@@ -2,7 +2,6 @@
 // (torch.ops.specdec_native.*). This file checks shapes, picks the instruction set and splits work
 // over threads; the arithmetic is in kernels_impl.h. A thread always computes whole rows (or whole
 // 16-aligned element spans for elementwise ops), so the split never changes a row's bits.
-#include <Python.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -286,13 +285,3 @@ TORCH_LIBRARY(specdec_native, m) {
 }
 
 }  // namespace specdec_native
-
-// A minimal Python module so that loaders expecting one (torch.utils.cpp_extension.load) can import the
-// library; the ops themselves are reached through torch.ops.specdec_native.
-#define SPECDEC_CAT_(a, b) a##b
-#define SPECDEC_CAT(a, b) SPECDEC_CAT_(a, b)
-#define SPECDEC_STR_(a) #a
-#define SPECDEC_STR(a) SPECDEC_STR_(a)
-static PyModuleDef specdec_native_module = {PyModuleDef_HEAD_INIT, SPECDEC_STR(TORCH_EXTENSION_NAME), nullptr, -1,
-                                            nullptr};
-PyMODINIT_FUNC SPECDEC_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&specdec_native_module); }
