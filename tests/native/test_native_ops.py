@@ -396,3 +396,26 @@ def test_rope_rejects_a_position_outside_the_table(isa):
     cos, sin = ops.rope_table(8, 16, 10_000.0)
     with pytest.raises(RuntimeError, match="outside the tables"):
         ops.rope(torch.randn(1, 2, 16), torch.tensor([8]), cos, sin)
+
+
+# ---- the floating-point mode ----------------------------------------------------------------------------------
+
+def test_flush_to_zero_on_the_calling_thread_changes_no_bits(isa):
+    """Denormal results (silu of a very negative gate times a small up; attention weights near exp's floor)
+    come out the same whatever flush-to-zero mode the thread that calls (or runs) the op is in."""
+    gu = torch.tensor([[-80.0, -85.0, 3.0, 1e-6, 1e-3, 2.0]])
+    k, v = cache(40, torch.float32, 41, hk=1, d=16)
+    k[0, :20] *= 60.0  # scores far apart: some weights end near exp(-87)
+    v[0] *= 1e-3
+    q = torch.randn(2, 1, 16, generator=gen(42)) * 3
+    args = (q, k, v, torch.tensor([40, 25]), no_extra(2), 0.25)
+    plain = (ops.silu_mul(gu), ops.attention(*args), ops.exp(torch.tensor([-87.0, -86.5])))
+    assert plain[0][0, 0] != 0 and abs(plain[0][0, 0]) < torch.finfo(torch.float32).tiny  # a denormal
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode")
+    try:
+        flushed = (ops.silu_mul(gu), ops.attention(*args), ops.exp(torch.tensor([-87.0, -86.5])))
+    finally:
+        torch.set_flush_denormal(False)
+    for a, b in zip(plain, flushed):
+        assert torch.equal(a, b)

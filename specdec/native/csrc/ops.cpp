@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include <xmmintrin.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -32,6 +33,20 @@ Isa cpu_best() {
 const char* isa_name(int isa) { return isa == AVX512 ? "avx512" : isa == AVX2 ? "avx2" : "none"; }
 
 std::atomic<int> g_isa{-1};
+
+// The kernels run in IEEE's default floating-point mode (round to nearest, no flush-to-zero, no
+// denormals-are-zero), whatever the calling thread set (torch.set_flush_denormal sets it on one thread only):
+// a row's bits must not depend on which thread computed it. MXCSR is per thread; restored on the way out.
+class DefaultFpMode {
+ public:
+  DefaultFpMode() : saved_(_mm_getcsr()) { _mm_setcsr(0x1F80); }
+  ~DefaultFpMode() { _mm_setcsr(saved_); }
+  DefaultFpMode(const DefaultFpMode&) = delete;
+  DefaultFpMode& operator=(const DefaultFpMode&) = delete;
+
+ private:
+  unsigned int saved_;
+};
 
 int current() {
   int isa = g_isa.load();
@@ -80,6 +95,7 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight_in, double 
   const float* wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n, grain_rows(d), [&](int64_t begin, int64_t end) {
+    DefaultFpMode fp_mode;
     for (int64_t i = begin; i < end; ++i) {
       if (isa == AVX512)
         avx512::rms_norm_row(xp + i * d, wp, op + i * d, d, static_cast<float>(eps));
@@ -107,6 +123,7 @@ at::Tensor add_rms_norm(const at::Tensor& x_in, at::Tensor& residual, const at::
   const float* wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n, grain_rows(d), [&](int64_t begin, int64_t end) {
+    DefaultFpMode fp_mode;
     for (int64_t i = begin; i < end; ++i) {
       if (isa == AVX512)
         avx512::add_rms_norm_row(xp + i * d, rp + i * d, wp, op + i * d, d, static_cast<float>(eps));
@@ -131,6 +148,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up_in) {
   constexpr int64_t SPAN = 2048;
   const int64_t spans = (I + SPAN - 1) / SPAN;
   at::parallel_for(0, n * spans, std::max<int64_t>(1, 8192 / SPAN), [&](int64_t begin, int64_t end) {
+    DefaultFpMode fp_mode;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / spans, c0 = (task % spans) * SPAN;
       const int64_t count = std::min(SPAN, I - c0);
@@ -149,6 +167,7 @@ at::Tensor exp_op(const at::Tensor& x_in) {
   const int isa = current();
   at::Tensor x = x_in.contiguous();
   at::Tensor out = at::empty_like(x);
+  DefaultFpMode fp_mode;
   if (isa == AVX512)
     avx512::exp_span(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
   else
@@ -182,6 +201,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& positions_in, const at::T
   float* op = out.data_ptr<float>();
   const int64_t row_stride = x.stride(0), head_stride = x.stride(1), width = cos.size(1);
   at::parallel_for(0, n, grain_rows(H * D), [&](int64_t begin, int64_t end) {
+    DefaultFpMode fp_mode;
     for (int64_t i = begin; i < end; ++i) {
       const float* c = cp + pp[i] * width;
       const float* s = sp + pp[i] * width;
@@ -250,6 +270,7 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at
   const char* vb = static_cast<const char*>(v_cache.data_ptr());
   const int64_t head_stride = k_cache.stride(0), slot_stride = k_cache.stride(1);
   at::parallel_for(0, n * Hk * slices, 1, [&](int64_t begin, int64_t end) {
+    DefaultFpMode fp_mode;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / (Hk * slices), kh = (task / slices) % Hk, sl = task % slices;
       const int64_t h0 = kh * group + sl * per, h1 = std::min(kh * group + group, h0 + per);
