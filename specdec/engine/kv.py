@@ -1,4 +1,5 @@
-"""A causal LM plus the KV cache of exactly the tokens it has seen.
+"""A transformers causal LM plus the KV cache of exactly the tokens it has seen: the engine's
+CachedLM (cached_lm.py) on transformers' forward.
 
 `extend` appends tokens and returns their logits; `sync` makes the cache match a new
 context by keeping the longest shared prefix and computing only the rest. Rolling back
@@ -12,22 +13,15 @@ verified tree costs no recomputation, on the target or on the draft.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
+from specdec.engine.cached_lm import PREFILL_CHUNK, Cancelled, PrefixSync  # noqa: F401 - importable from here too
 from specdec.engine.tree import ROOT
 from specdec.engine.tree_attention import check_tree_attention, compact, tree_mask
 from specdec.errors import SpecdecError
 
-PREFILL_CHUNK = 64  # tokens per forward while prefilling: a cancel lands within one chunk
 
-
-class Cancelled(Exception):
-    """Raised between prefill chunks when the caller's cancel flag is set."""
-
-
-class KVModel:
+class KVModel(PrefixSync):
     def __init__(self, model):
         self.model = model
         self.device = next(model.parameters()).device
@@ -107,29 +101,8 @@ class KVModel:
         self.cache.crop(length - len(self.tokens))  # transformers 5: a negative count drops tokens
         del self.tokens[length:]
 
-    def shared_prefix(self, context: list[int]) -> int:
-        n = min(len(self.tokens), len(context))
-        i = 0
-        while i < n and self.tokens[i] == context[i]:
-            i += 1
-        return i
-
-    def sync(self, context: list[int], should_stop: Callable[[], bool] | None = None) -> tuple[torch.Tensor, int, int]:
-        """Make the cache hold `context`; returns (next-token logits, tokens reused, tokens computed).
-
-        At least the last token is recomputed, since its logits are what the caller wants.
-        """
-        if not context:
-            raise ValueError("empty context")
-        reused = min(self.shared_prefix(context), len(context) - 1)
-        self.truncate(reused)
-        todo = context[reused:]
-        logits = None
-        for start in range(0, len(todo), PREFILL_CHUNK):
-            if should_stop is not None and start > 0 and should_stop():
-                raise Cancelled()
-            logits = self.extend(todo[start : start + PREFILL_CHUNK], keep_logits=1)
-        return logits[-1], reused, len(todo)
+    def check_tree_attention(self) -> None:
+        check_tree_attention(self.model)
 
     def _forward(self, tokens: list[int], keep: int, positions: torch.Tensor | None = None,
                  mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -5,7 +5,8 @@ an editor's consecutive requests share almost all of their prompt, so only the n
 suffix is prefilled. Every strategy (plain included: no drafter) runs the same loop,
 and every token, drafted or not, is chosen by `acceptance.verify_tree`: a linear draft
 is the one-branch tree, so chains and trees take one path through the target
-(`KVModel.extend_tree`, then `keep_path` of the accepted branch).
+(`CachedLM.extend_tree`, then `keep_path` of the accepted branch). The target is a CachedLM
+(engine/cached_lm.py): a forward of our own, or a transformers module wrapped in KVModel.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from specdec.engine.acceptance import verify_tree
 from specdec.engine.drafters.base import Draft, Drafter
-from specdec.engine.kv import Cancelled, KVModel
+from specdec.engine.cached_lm import Cancelled, as_cached_lm
 from specdec.engine.sampling import SamplingConfig
 from specdec.engine.tree import ROOT, TokenTree
 
@@ -99,7 +100,7 @@ class Generation:
 class Session:
     def __init__(self, target, tokenizer, drafter: Drafter | None = None, stop_token_ids: Iterable[int] = (),
                  strategy: str | None = None):
-        self.target = KVModel(target)
+        self.target = as_cached_lm(target)
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.strategy = strategy or (drafter.name if drafter else "plain")

@@ -110,14 +110,15 @@ def _planned_draft(draft_model, length, max_draft: int, cost_curve):
     """auto's draft-model member: with the target's cost curve, a DraftTree whose planner (Sequoia's program)
     picks a chain where trees do not pay, a tree where they do, nothing where drafting does not; without one,
     or where the draft's attention takes no tree mask, the chain drafter."""
+    from specdec.engine.cached_lm import as_cached_lm
     from specdec.engine.drafters.draft_model import DraftModel
     from specdec.engine.drafters.draft_tree import DraftTree
-    from specdec.engine.tree_attention import check_tree_attention
     from specdec.engine.tree_plan import TreePlanner
 
+    draft_model = as_cached_lm(draft_model)  # one cache: the check's wrapper is the drafter's
     if cost_curve is not None:
         try:
-            check_tree_attention(draft_model)
+            draft_model.check_tree_attention()
         except SpecdecError:
             pass
         else:

@@ -1,4 +1,5 @@
-"""A small causal LM (optionally carrying a peft LoRA adapter) drafting for the target.
+"""A small causal LM (optionally carrying a peft LoRA adapter) drafting for the target: a CachedLM, or a
+transformers module the drafter wraps in KVModel.
 
 It keeps its own KV cache; after a verification the context it is handed shares a
 prefix with what it has seen, so `sync` recomputes only the tokens that changed.
@@ -10,7 +11,7 @@ import torch
 
 from specdec.engine.draft_length import DraftLength
 from specdec.engine.drafters.base import Draft
-from specdec.engine.kv import KVModel
+from specdec.engine.cached_lm import as_cached_lm
 from specdec.engine.sampling import SamplingConfig, probabilities, sample
 
 
@@ -18,11 +19,12 @@ class DraftModel:
     name = "draft"
 
     def __init__(self, model, length: DraftLength | None = None):
-        self.kv = KVModel(model)
+        self.kv = as_cached_lm(model)
         self.length = length or DraftLength()
 
     @property
     def model(self):
+        """The module behind the cache (KVModel's transformers module; a native forward's model)."""
         return self.kv.model
 
     def reset(self) -> None:

@@ -12,7 +12,7 @@ parent's rank-th best draft token.
 Children are the draft's top-k, not samples, so the acceptance rule takes them as
 deterministic (q one-hot per child) and sampling stays lossless whatever the shape.
 Siblings come in rank order (TokenTree.rank = the draft's rank). After verification the
-draft's cache keeps the accepted branch (`KVModel.keep_path`), so the next round
+draft's cache keeps the accepted branch (`CachedLM.keep_path`), so the next round
 computes only what the draft has not seen.
 """
 
@@ -28,7 +28,6 @@ from specdec.engine.drafters.base import Draft
 from specdec.engine.drafters.draft_model import DraftModel
 from specdec.engine.sampling import SamplingConfig, probabilities
 from specdec.engine.tree import ROOT, TokenTree
-from specdec.engine.tree_attention import check_tree_attention
 from specdec.engine.tree_plan import TreePlanner
 
 # tokens a steady draft's sync computes: the bonus token, and a leaf of the accepted branch the draft never ran
@@ -69,7 +68,7 @@ class DraftTree(DraftModel):
     def __init__(self, model, limits: TreeLimits | None = None, length: DraftLength | None = None,
                  shape: TreeShape | None = None, planner: TreePlanner | None = None):
         super().__init__(model, length)
-        check_tree_attention(model)
+        self.kv.check_tree_attention()
         self.limits = limits or TreeLimits()
         self.shape = shape
         self.planner = planner
