@@ -147,7 +147,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up_in) {
   // tasks: (row, span of SPAN columns); spans start at multiples of 16, and the math is per element anyway
   constexpr int64_t SPAN = 2048;
   const int64_t spans = (I + SPAN - 1) / SPAN;
-  at::parallel_for(0, n * spans, std::max<int64_t>(1, 8192 / SPAN), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n * spans, std::max<int64_t>(1, (1 << 15) / SPAN), [&](int64_t begin, int64_t end) {
     DefaultFpMode fp_mode;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / spans, c0 = (task % spans) * SPAN;
