@@ -182,6 +182,28 @@ def test_attention_matches_sdpa_across_block_boundaries(isa, dtype):
         torch.testing.assert_close(out[i], reference(q[i], k, v, list(range(p))), rtol=1e-5, atol=2e-6)
 
 
+def test_tree_pass_matches_sdpa_with_the_tree_mask(isa):
+    """A whole verify pass against torch's SDPA in fp32 over the cache with a boolean mask (prefix + ancestors)."""
+    p, parents = 70, [-1, 0, 0, 1, 1, 2, 5, 6]
+    k, v = cache(p + len(parents), torch.bfloat16, 43)
+    q = torch.randn(len(parents), HQ, D, generator=gen(44))
+    extra = no_extra(len(parents), 6)
+    mask = torch.zeros(len(parents), p + len(parents), dtype=torch.bool)
+    mask[:, :p] = True
+    for u in range(len(parents)):
+        path, w = [], u
+        while w >= 0:
+            path.append(p + w)
+            w = parents[w]
+        extra[u, :len(path)] = torch.tensor(path[::-1])
+        mask[u, path] = True
+    out = ops.attention(q, k, v, torch.full((len(parents),), p), extra, SCALE)
+    kk = k[:, :p + len(parents)].float().repeat_interleave(HQ // HK, 0)
+    vv = v[:, :p + len(parents)].float().repeat_interleave(HQ // HK, 0)
+    ref = F.scaled_dot_product_attention(q.transpose(0, 1), kk, vv, attn_mask=mask, scale=SCALE).transpose(0, 1)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=3e-6)
+
+
 @pytest.mark.parametrize("hq,hk,d", [(4, 4, 64), (14, 2, 64), (3, 1, 40)])
 def test_attention_heads_and_head_sizes(isa, hq, hk, d):
     """GQA (head h reads kv head h // (Hq / Hk)), plain multi-head, and a head size with a partial 16-lane chunk."""
