@@ -45,6 +45,22 @@ def isolated_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def ends_its_processes(monkeypatch):
+    """Every process the test starts (and theirs, detached or not) carries a mark in its environment and is ended
+    after the test, whatever happened: a timed-out editor test once left its `specdec serve` running for 20 min."""
+    import uuid
+
+    from processes import MARK, end_marked
+
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(MARK, mark)
+    yield
+    left = end_marked(mark)
+    if left:
+        print(f"ended {len(left)} process(es) the test left running: {left}")
+
+
 @pytest.fixture(scope="session")
 def tok():
     import tiny

@@ -43,14 +43,16 @@ async def stats(client) -> dict:
     return plain(await client.protocol.send_request_async("specdec/stats", {}))
 
 
-async def wait_ready(client, timeout: float = 60) -> dict:
+async def wait_ready(client, timeout: float = 900) -> dict:
+    """The stats once the server reports its models ready (or failed). The ceiling is generous: a machine busy
+    with other work (CI beside a compile) may take minutes where a quiet one takes seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         s = await stats(client)
         if s["model"]["state"] in ("ready", "failed"):
             return s
         await asyncio.sleep(0.1)
-    raise TimeoutError("models did not load")
+    raise TimeoutError(f"models did not load in {timeout:.0f} s")
 
 
 def open_doc(client, uri: str, text: str, language: str = "python", version: int = 1) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -32,8 +33,10 @@ class RawServer:
         env = {**os.environ, "SPECDEC_STATE_DIR": str(tmp_path / "state"), "SPECDEC_DATA_DIR": str(tmp_path / "data"),
                "SPECDEC_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
         self.stderr_path = stderr_path or tmp_path / "server-stderr.txt"
+        # a session of its own: close() ends the server and anything it started
         self.process = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", *args], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=open(self.stderr_path, "wb"), env=env)
+                                        stdout=subprocess.PIPE, stderr=open(self.stderr_path, "wb"), env=env,
+                                        start_new_session=True)
         self.replies: dict = {}  # id -> reply
         self.nulls: list[dict] = []  # error replies with id null
         self._inbox: queue.Queue = queue.Queue()
@@ -72,34 +75,42 @@ class RawServer:
             self.replies[message["id"]] = message
         return True
 
-    def reply(self, msg_id, timeout: float = 10) -> dict:
+    def reply(self, msg_id, timeout: float = 120) -> dict:
         deadline = time.monotonic() + timeout
         while msg_id not in self.replies:
             left = deadline - time.monotonic()
-            if left <= 0 or (not self._drain(left) and self.process.poll() is not None):
+            # in slices: a server that died is noticed at once, not at the end of a generous ceiling
+            if left <= 0 or (not self._drain(min(left, 0.5)) and self.process.poll() is not None):
                 raise TimeoutError(f"no reply to id {msg_id!r}; server exit code {self.process.poll()}")
         return self.replies.pop(msg_id)
 
-    def call(self, msg_id, method: str, params=None, timeout: float = 10) -> dict:
+    def call(self, msg_id, method: str, params=None, timeout: float = 120) -> dict:
         self.send(request(msg_id, method, params))
         return self.reply(msg_id, timeout)
 
-    def initialize(self, options: dict, wait_ready: bool = True) -> dict:
+    def initialize(self, options: dict, wait_ready: bool = True, timeout: float = 900) -> dict:
+        """Initialize; with wait_ready, until the server reports its models ready (a generous ceiling: a busy
+        machine may take minutes)."""
         result = self.call("init", "initialize", {"processId": None, "rootUri": None, "capabilities": {},
-                                                  "initializationOptions": options})
+                                                  "initializationOptions": options}, timeout=timeout)
         self.send(notification("initialized", {}))
-        deadline = time.monotonic() + 60
-        while wait_ready and time.monotonic() < deadline:
-            state = self.call("ready?", "specdec/stats", {})["result"]["model"]["state"]
+        deadline = time.monotonic() + timeout
+        while wait_ready:
+            state = self.call("ready?", "specdec/stats", {}, timeout=timeout)["result"]["model"]["state"]
             if state in ("ready", "failed"):
                 assert state == "ready"
                 break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"models did not load in {timeout:.0f} s")
             time.sleep(0.1)
         return result
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
+        """End the server and its process group (it leads one), whatever state it is in."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.process.wait()
 
     def stderr(self) -> str:

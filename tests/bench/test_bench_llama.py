@@ -74,9 +74,11 @@ def test_a_server_dies_with_the_benchmark_that_started_it_even_when_killed():
         "child = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent())\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
-    parent.kill()
-    parent.wait()
+    try:
+        child = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _alive(child):
         time.sleep(0.05)

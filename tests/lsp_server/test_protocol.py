@@ -188,17 +188,19 @@ def options(model_dirs, **extra) -> dict:
 @pytest.fixture
 def server(tmp_path, model_dirs):
     s = rc.RawServer(tmp_path)
-    s.initialize(options(model_dirs))
-    s.uri = (tmp_path / "a.py").as_uri()
-    s.send(rc.notification("textDocument/didOpen", {"textDocument": {
-        "uri": s.uri, "languageId": "python", "version": 1, "text": SOURCE}}))
-    yield s
-    s.close()
+    try:
+        s.initialize(options(model_dirs))
+        s.uri = (tmp_path / "a.py").as_uri()
+        s.send(rc.notification("textDocument/didOpen", {"textDocument": {
+            "uri": s.uri, "languageId": "python", "version": 1, "text": SOURCE}}))
+        yield s
+    finally:
+        s.close()
 
 
 def completes(s, msg_id) -> bool:
     """The server still serves a correct completion."""
-    reply = s.call(msg_id, "textDocument/inlineCompletion", inline_params(1, 4, s.uri), timeout=30)
+    reply = s.call(msg_id, "textDocument/inlineCompletion", inline_params(1, 4, s.uri), timeout=300)
     return len(reply["result"]["items"]) == 1
 
 
