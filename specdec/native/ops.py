@@ -136,6 +136,18 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     return _ops().rope(x, positions, cos, sin)
 
 
+def qkv_rope_cache(qkv: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                   num_heads: int) -> torch.Tensor:
+    """After the fused QKV projection, in one op: bias, RoPE, and the new keys and values into the cache.
+
+    qkv f32[n, (Hq + 2 Hk) D] ([q heads | k heads | v heads]), bias f32[(Hq + 2 Hk) D] or None, positions i64[n],
+    cos and sin f32[P, D/2] (rope_table), k_cache and v_cache [Hk, S, D] (bf16 or f32; written: slot slots[i]
+    gets row i's roped k and its v, rounded to nearest even as .to(torch.bfloat16) does), num_heads = Hq
+    -> q f32[n, Hq, D], roped. Bitwise the same as: x = qkv + bias; rope(q part), rope(k part), cache writes."""
+    return _ops().qkv_rope_cache(qkv, bias, positions, cos, sin, k_cache, v_cache, slots, num_heads)
+
+
 def rope_table(positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin f32[positions, head_dim/2] as HF's default rotary embedding computes them (inv_freq =
     theta^(-2i/D) in fp32, angle = position * inv_freq in fp32)."""
@@ -210,6 +222,25 @@ def bench() -> None:
 
         print(f"{f'rope q n={n}':<34}{_time_ms(lambda: rope(q_view, positions, cos, sin)):>11.4f}"
               f"{_time_ms(rope_reference):>11.4f}")
+        bias = torch.randn((Hq + 2 * Hk) * D, generator=gen)
+        kc = torch.zeros(Hk, 1024, D, dtype=torch.bfloat16)
+        vc = torch.zeros(Hk, 1024, D, dtype=torch.bfloat16)
+        slots = positions.clone()
+
+        def qkv_reference():  # bias, rope of q and k, the cache writes, as eager torch does them
+            x = qkv + bias
+            c = torch.cat([cos, cos], -1)[positions].unsqueeze(1)
+            s = torch.cat([sin, sin], -1)[positions].unsqueeze(1)
+            q, k, v = x.view(n, Hq + 2 * Hk, D).split([Hq, Hk, Hk], 1)
+            q = q * c + torch.cat([-q[..., D // 2:], q[..., :D // 2]], -1) * s
+            k = k * c + torch.cat([-k[..., D // 2:], k[..., :D // 2]], -1) * s
+            kc[:, slots] = k.transpose(0, 1).to(torch.bfloat16)
+            vc[:, slots] = v.transpose(0, 1).to(torch.bfloat16)
+            return q
+
+        print(f"{f'qkv_rope_cache bf16 n={n}':<34}"
+              f"{_time_ms(lambda: qkv_rope_cache(qkv, bias, positions, cos, sin, kc, vc, slots, Hq)):>11.4f}"
+              f"{_time_ms(qkv_reference):>11.4f}")
     for ctx in (512, 2048):
         k = torch.randn(Hk, ctx + 64, D, generator=gen).to(torch.bfloat16)
         v = torch.randn(Hk, ctx + 64, D, generator=gen).to(torch.bfloat16)

@@ -441,3 +441,56 @@ def test_flush_to_zero_on_the_calling_thread_changes_no_bits(isa):
         torch.set_flush_denormal(False)
     for a, b in zip(plain, flushed):
         assert torch.equal(a, b)
+
+
+# ---- qkv_rope_cache -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+def test_qkv_rope_cache_equals_the_unfused_ops(isa, dtype, with_bias):
+    n, hq, hk, d, slots_total = 5, 12, 2, 128, 40
+    g = gen(45)
+    qkv = torch.randn(n, (hq + 2 * hk) * d, generator=g)
+    bias = torch.randn((hq + 2 * hk) * d, generator=g) if with_bias else None
+    cos, sin = ops.rope_table(64, d, 1_000_000.0)
+    positions = torch.tensor([7, 8, 9, 9, 63])
+    slots = torch.tensor([3, 4, 39, 0, 20])
+    k_cache, v_cache = cache(slots_total, dtype, 46)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    q = ops.qkv_rope_cache(qkv, bias, positions, cos, sin, k_cache, v_cache, slots, hq)
+
+    x = qkv + bias if with_bias else qkv
+    q_ref = hf_rope(x[:, :hq * d].view(n, hq, d), positions, cos, sin)
+    k_ref = hf_rope(x[:, hq * d:(hq + hk) * d].view(n, hk, d), positions, cos, sin).to(dtype)
+    v_ref = x[:, (hq + hk) * d:].view(n, hk, d).to(dtype)
+    assert torch.equal(q, q_ref)
+    k_expected, v_expected = k_before.clone(), v_before.clone()
+    k_expected[:, slots] = k_ref.transpose(0, 1)
+    v_expected[:, slots] = v_ref.transpose(0, 1)
+    assert torch.equal(k_cache, k_expected) and torch.equal(v_cache, v_expected)
+
+
+def test_qkv_rope_cache_rounds_to_bf16_as_torch_does(isa):
+    """Round to nearest even at exact ties, largest finite values, denormals, infinities, signed zeros."""
+    d = 16
+    specials = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -(1.0 + 2 ** -8), 3.3895314e38, 1e-40, -1e-39,
+                             float("inf"), float("-inf"), 0.0, -0.0, 65504.0, 1e-3, 2 ** -126, 7.0, -7.5, 1.0])
+    qkv = torch.cat([torch.zeros(d), torch.zeros(d), specials]).unsqueeze(0)  # Hq = 1, Hk = 1: v is `specials`
+    cos, sin = ops.rope_table(4, d, 10_000.0)
+    k_cache, v_cache = cache(2, torch.bfloat16, 47, hk=1, d=d)
+    ops.qkv_rope_cache(qkv, None, torch.tensor([0]), cos, sin, k_cache, v_cache, torch.tensor([1]), 1)
+    assert torch.equal(v_cache[0, 1].view(torch.int16), specials.to(torch.bfloat16).view(torch.int16))
+
+
+def test_qkv_rope_cache_rejects_bad_slots(isa):
+    k_cache, v_cache = cache(4, torch.float32, 48, hk=1, d=16)
+    cos, sin = ops.rope_table(8, 16, 10_000.0)
+    qkv = torch.randn(2, 3 * 16)
+    before = k_cache.clone()
+    with pytest.raises(RuntimeError, match="written by two rows"):
+        ops.qkv_rope_cache(qkv, None, torch.tensor([0, 1]), cos, sin, k_cache, v_cache, torch.tensor([2, 2]), 1)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        ops.qkv_rope_cache(qkv, None, torch.tensor([0, 1]), cos, sin, k_cache, v_cache, torch.tensor([2, 4]), 1)
+    with pytest.raises(RuntimeError, match="columns"):
+        ops.qkv_rope_cache(qkv, None, torch.tensor([0, 1]), cos, sin, k_cache, v_cache, torch.tensor([0, 1]), 2)
+    assert torch.equal(k_cache, before)  # nothing written

@@ -36,6 +36,9 @@ struct HeadCache {
   void exp_span(const float* x, float* out, int64_t count);                                                \
   void rope_row(const float* x, int64_t head_stride, float* out, int64_t heads, int64_t D, const float* cos,  \
                 const float* sin);                                                                         \
+  void qkv_rope_cache_row(const float* qkv, const float* bias, int64_t Hq, int64_t Hk, int64_t D,            \
+                          const float* cos, const float* sin, float* q_out, void* k_slot, void* v_slot,      \
+                          int64_t head_stride, bool bf16);                                                 \
   }
 
 SPECDEC_NATIVE_DECLARE(avx2)

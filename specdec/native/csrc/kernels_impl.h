@@ -119,6 +119,8 @@ static inline V16 exp16(V16 x) {
   return mul(y, pow2(n));
 }
 
+constexpr int64_t MAX_HEAD = 256;  // the largest head size (ops.cpp checks)
+
 // Tails: a partial chunk of 16 goes through a zeroed buffer, so its lanes do the same math as a full one.
 static inline V16 load_part(const float* p, int64_t count) {
   alignas(64) float buf[16] = {0};
@@ -191,19 +193,57 @@ void silu_mul_span(const float* gate, const float* up, float* out, int64_t count
 //   out[i]        = x[i] * c - x[i + half] * s
 //   out[i + half] = x[i + half] * c + x[i] * s
 // two products and a sum or difference, each rounded once: the bits of HF's x * cos + rotate_half(x) * sin in fp32.
+static inline void rope_head(const float* x, const float* bias, float* out, int64_t D, const float* cos,
+                             const float* sin) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < half; i += 16) {
+    const int64_t c = half - i < 16 ? half - i : 16;
+    V16 x1 = load_any(x + i, c), x2 = load_any(x + half + i, c);
+    if (bias) {
+      x1 = add(x1, load_any(bias + i, c));
+      x2 = add(x2, load_any(bias + half + i, c));
+    }
+    const V16 vc = load_any(cos + i, c), vs = load_any(sin + i, c);
+    store_any(out + i, sub(mul(x1, vc), mul(x2, vs)), c);
+    store_any(out + half + i, add(mul(x2, vc), mul(x1, vs)), c);
+  }
+}
+
 void rope_row(const float* x, int64_t head_stride, float* out, int64_t heads, int64_t D, const float* cos,
               const float* sin) {
-  const int64_t half = D / 2;
-  for (int64_t h = 0; h < heads; ++h) {
-    const float* xh = x + h * head_stride;
-    float* oh = out + h * D;
-    for (int64_t i = 0; i < half; i += 16) {
-      const int64_t c = half - i < 16 ? half - i : 16;
-      const V16 x1 = load_any(xh + i, c), x2 = load_any(xh + half + i, c);
-      const V16 vc = load_any(cos + i, c), vs = load_any(sin + i, c);
-      store_any(oh + i, sub(mul(x1, vc), mul(x2, vs)), c);
-      store_any(oh + half + i, add(mul(x2, vc), mul(x1, vs)), c);
-    }
+  for (int64_t h = 0; h < heads; ++h) rope_head(x + h * head_stride, nullptr, out + h * D, D, cos, sin);
+}
+
+// fp32 -> bf16, round to nearest even (c10::BFloat16's rule, so the cache holds what .to(torch.bfloat16) gives).
+static inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  // NaN
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline void store_cache(void* base, int64_t offset, const float* x, int64_t D, bool bf16) {
+  if (bf16) {
+    uint16_t* p = static_cast<uint16_t*>(base) + offset;
+    for (int64_t i = 0; i < D; ++i) p[i] = to_bf16(x[i]);
+  } else {
+    float* p = static_cast<float*>(base) + offset;
+    for (int64_t i = 0; i < D; ++i) p[i] = x[i];
+  }
+}
+
+// One row of a fused QKV projection [q heads | k heads | v heads] (+ bias): q roped into q_out, k roped and
+// v written into the caches' slot (k_slot, v_slot: the slot's element 0 of kv head 0).
+void qkv_rope_cache_row(const float* qkv, const float* bias, int64_t Hq, int64_t Hk, int64_t D, const float* cos,
+                        const float* sin, float* q_out, void* k_slot, void* v_slot, int64_t head_stride, bool bf16) {
+  for (int64_t h = 0; h < Hq; ++h) rope_head(qkv + h * D, bias ? bias + h * D : nullptr, q_out + h * D, D, cos, sin);
+  alignas(64) float tmp[MAX_HEAD];
+  for (int64_t h = 0; h < Hk; ++h) {
+    const int64_t k0 = (Hq + h) * D, v0 = (Hq + Hk + h) * D;
+    rope_head(qkv + k0, bias ? bias + k0 : nullptr, tmp, D, cos, sin);
+    store_cache(k_slot, h * head_stride, tmp, D, bf16);
+    for (int64_t i = 0; i < D; ++i) tmp[i] = bias ? qkv[v0 + i] + bias[v0 + i] : qkv[v0 + i];
+    store_cache(v_slot, h * head_stride, tmp, D, bf16);
   }
 }
 
@@ -215,7 +255,7 @@ void rope_row(const float* x, int64_t head_stride, float* out, int64_t heads, in
 // 16-lane halves, acc = acc * exp(m_old - m_new) then acc += p_j * v_j in key order; out = acc / l.
 // Heads share only the loads of a key: their arithmetic never mixes.
 constexpr int64_t BLOCK = 32;
-constexpr int64_t MAX_CHUNKS = 16;  // D <= 256
+constexpr int64_t MAX_CHUNKS = MAX_HEAD / 16;
 constexpr int64_t MAX_GROUP = 8;    // heads per call (ops.cpp slices larger groups)
 
 template <typename T>

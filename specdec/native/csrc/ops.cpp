@@ -7,7 +7,9 @@
 #include <torch/library.h>
 #include <xmmintrin.h>
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -214,6 +216,78 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& positions_in, const at::T
   return out;
 }
 
+at::Tensor qkv_rope_cache(const at::Tensor& qkv_in, const std::optional<at::Tensor>& bias_in,
+                          const at::Tensor& positions_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
+                          at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots_in, int64_t num_heads) {
+  const char* op = "qkv_rope_cache";
+  check_f32(qkv_in, op, "qkv", 2);
+  check_f32(cos_in, op, "cos", 2);
+  check_f32(sin_in, op, "sin", 2);
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(), op, ": k_cache and v_cache must be [Hk, S, D] ",
+              "of one shape, got ", k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
+                  (k_cache.scalar_type() == at::kBFloat16 || k_cache.scalar_type() == at::kFloat),
+              op, ": the caches must both be bfloat16 or both float32");
+  TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(), op, ": the caches must be on the CPU");
+  TORCH_CHECK(k_cache.stride(2) == 1 && k_cache.strides() == v_cache.strides(), op,
+              ": k_cache and v_cache need the same strides and contiguous rows");
+  const int64_t n = qkv_in.size(0), Hq = num_heads, Hk = k_cache.size(0), S = k_cache.size(1), D = k_cache.size(2);
+  TORCH_CHECK(Hq >= 1 && D % 2 == 0 && D <= 256, op, ": need num_heads >= 1 and an even head size <= 256");
+  TORCH_CHECK(qkv_in.size(1) == (Hq + 2 * Hk) * D, op, ": qkv rows have ", qkv_in.size(1), " columns, expected (",
+              Hq, " + 2 * ", Hk, ") * ", D);
+  TORCH_CHECK(cos_in.sizes() == sin_in.sizes() && (cos_in.size(1) == D / 2 || cos_in.size(1) == D), op,
+              ": cos and sin must be [P, D/2] (or [P, D]) of one shape, got ", cos_in.sizes(), " and ", sin_in.sizes());
+  at::Tensor bias;
+  if (bias_in.has_value()) {
+    bias = bias_in->contiguous();
+    check_f32(bias, op, "bias", 1);
+    TORCH_CHECK(bias.size(0) == qkv_in.size(1), op, ": bias has ", bias.size(0), " elements, qkv rows ", qkv_in.size(1));
+  }
+  TORCH_CHECK(positions_in.scalar_type() == at::kLong && positions_in.dim() == 1 && positions_in.size(0) == n, op,
+              ": positions must be int64 [n] with n = ", n);
+  TORCH_CHECK(slots_in.scalar_type() == at::kLong && slots_in.dim() == 1 && slots_in.size(0) == n, op,
+              ": slots must be int64 [n] with n = ", n);
+  const int isa = current();
+  at::Tensor qkv = qkv_in.contiguous(), positions = positions_in.contiguous(), slots = slots_in.contiguous();
+  at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  const int64_t* pp = positions.data_ptr<int64_t>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  std::vector<int64_t> seen(sp, sp + n);
+  std::sort(seen.begin(), seen.end());
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(pp[i] >= 0 && pp[i] < cos.size(0), op, ": positions[", i, "] = ", pp[i], " is outside the tables' ",
+                cos.size(0), " rows");
+    TORCH_CHECK(seen[i] >= 0 && seen[i] < S, op, ": slot ", seen[i], " is outside the cache's ", S, " slots");
+    TORCH_CHECK(i == 0 || seen[i] != seen[i - 1], op, ": slot ", seen[i], " is written by two rows");
+  }
+  at::Tensor q = at::empty({n, Hq, D}, qkv.options());
+  const float* xp = qkv.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  const float* cp = cos.data_ptr<float>();
+  const float* snp = sin.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  const size_t elem = bf16 ? 2 : 4;
+  char* kb = static_cast<char*>(k_cache.data_ptr());
+  char* vb = static_cast<char*>(v_cache.data_ptr());
+  const int64_t head_stride = k_cache.stride(0), slot_stride = k_cache.stride(1), width = cos.size(1);
+  const int64_t row = (Hq + 2 * Hk) * D;
+  at::parallel_for(0, n, grain_rows(row), [&](int64_t begin, int64_t end) {
+    DefaultFpMode fp_mode;
+    for (int64_t i = begin; i < end; ++i) {
+      void* ks = kb + sp[i] * slot_stride * elem;
+      void* vs = vb + sp[i] * slot_stride * elem;
+      const float* c = cp + pp[i] * width;
+      const float* s = snp + pp[i] * width;
+      if (isa == AVX512)
+        avx512::qkv_rope_cache_row(xp + i * row, bp, Hq, Hk, D, c, s, qp + i * Hq * D, ks, vs, head_stride, bf16);
+      else
+        avx2::qkv_rope_cache_row(xp + i * row, bp, Hq, Hk, D, c, s, qp + i * Hq * D, ks, vs, head_stride, bf16);
+    }
+  });
+  return q;
+}
+
 constexpr int64_t MAX_GROUP = 8;
 
 at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -301,6 +375,9 @@ TORCH_LIBRARY(specdec_native, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
   m.def("exp(Tensor x) -> Tensor", &exp_op);
   m.def("rope(Tensor x, Tensor positions, Tensor cos, Tensor sin) -> Tensor", &rope);
+  m.def("qkv_rope_cache(Tensor qkv, Tensor? bias, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor slots, int num_heads) -> Tensor",
+        &qkv_rope_cache);
   m.def("attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix, Tensor extra, float scale) -> Tensor",
         &attention);
 }
