@@ -149,6 +149,9 @@ class Dispatcher:
         except ValueError as exc:
             self.error(recover_id(data), PARSE_ERROR, f"body is not JSON ({exc}){framing}")
             return
+        except RecursionError:  # nested deeper than the decoder's stack allows: a message no client sends
+            self.error(recover_id(data), PARSE_ERROR, f"body is nested too deep to decode{framing}")
+            return
         rest = text[end:]
         if rest.strip():
             # the frame was longer than its JSON value: the rest may be the next frame's header

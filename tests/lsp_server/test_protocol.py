@@ -124,7 +124,9 @@ async def test_stats_say_which_cost_curve_the_planner_uses(wire):
     (b'{"jsonrpc": "2.0", "id": 5, "method": "specdec/stats", "params": {"x": "\xff\xfe"}}', 5, -32700),
     (b'{"jsonrpc": "2.0", "id": 6, "method": "specdec/st', 6, -32700),
     (b"{garbage}", None, -32700),
-], ids=["invalid-utf8", "truncated-json", "garbage"])
+    (b'{"jsonrpc": "2.0", "id": 7, "method": "specdec/stats", "params": %s}' % (b"[" * 100_000 + b"]" * 100_000),
+     7, -32700),
+], ids=["invalid-utf8", "truncated-json", "garbage", "nested-100000-deep"])
 async def test_unparseable_bodies_are_answered(wire, raw, reply_id, code):
     await initialize(wire)
     wire.feed(rc.frame(raw))
@@ -248,6 +250,23 @@ def test_exit_without_shutdown_exits_1(tmp_path):
         s.initialize({"target": str(tmp_path / "no-model")}, wait_ready=False)
         s.send(rc.notification("exit"))
         assert s.process.wait(timeout=5) == 1
+    finally:
+        s.close()
+
+
+def test_a_request_nested_100000_deep_is_answered_over_stdio(tmp_path):
+    """Issue #40 item 14: the decoder's RecursionError escaped its ValueError handling, so such a request was never
+    answered. Arrays and objects; the server keeps serving."""
+    s = rc.RawServer(tmp_path)
+    try:
+        s.initialize({"target": str(tmp_path / "no-model")}, wait_ready=False)
+        arrays, objects = "[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000
+        for msg_id, body in [("arrays", '{"jsonrpc": "2.0", "id": "arrays", "method": "specdec/stats", "params": %s}'),
+                             ("objects", '{"jsonrpc": "2.0", "id": "objects", "method": "specdec/stats", "params": %s}')]:
+            s.write(rc.frame((body % (arrays if msg_id == "arrays" else objects)).encode()))
+            assert s.reply(msg_id, timeout=60)["error"]["code"] == -32700
+        assert "result" in s.call("after", "specdec/stats", {})
+        assert s.process.poll() is None
     finally:
         s.close()
 
