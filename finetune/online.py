@@ -345,6 +345,7 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None, registry=
     from transformers import AutoTokenizer
 
     from specdec.models.loading import LoadedModel, check_same_tokenizer, load
+    from specdec.models.lora import ignore_peft_checkpointing_notice
     from specdec.models.quantize import swap_int8
     from specdec.models.store import resolve
     from specdec.prompts import fim
@@ -391,6 +392,7 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None, registry=
     previous = registry.latest(key)
     if previous is not None and previous.base_draft_hash != draft_hash:
         previous = None  # made for another draft: the server does not serve it, so start afresh
+    ignore_peft_checkpointing_notice()
     if previous is not None:
         model = PeftModel.from_pretrained(draft.model, registry.path(previous), is_trainable=True)
     else:

@@ -22,6 +22,7 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.models.lora import TARGET_MODULES as DEFAULT_MODULES  # every module the server can switch per workspace
+from specdec.models.lora import ignore_peft_checkpointing_notice
 from specdec.models.choices import DRAFT_QUANT
 from specdec.models.quantize import swap_int8
 from specdec_finetune.precision import train_precision
@@ -245,6 +246,7 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
     if held:
         draft.to(plan.base_dtype)  # frozen weights in bf16: no per-step casts
     state = load_checkpoint_state(workdir, config)
+    ignore_peft_checkpointing_notice()
     if state:
         model = PeftModel.from_pretrained(draft, workdir / "checkpoint", is_trainable=True)
     else:

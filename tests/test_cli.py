@@ -1,6 +1,8 @@
 """`specdec complete` and `specdec models` on tiny local models: JSON shape and one-line errors."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -52,6 +54,20 @@ def test_speculation_does_not_change_the_text(capsys, models, source):
                            "--json")
         texts.add(json.loads(out)["text"])
     assert len(texts) == 1
+
+
+def test_complete_prints_nothing_of_its_dependencies(models, source):
+    """Issue #40 item 4: transformers' deprecations and load bars reached every `specdec complete`'s stderr. In a
+    process of its own: transformers logs each deprecation once per process, so in-process runs would hide it.
+    `tree` runs the most paths: the target's and the draft model's caches, tree-masked passes."""
+    target, draft = models
+    run = subprocess.run([sys.executable, "-m", "specdec.cli", "complete", str(source), "--line", "2", "--col", "12",
+                          "--target", str(target), "--draft", str(draft), "--strategy", "tree",
+                          "--max-new-tokens", "12", "--dtype", "fp32", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["stats"]["new_tokens"] > 0
+    assert run.stderr == ""
 
 
 @pytest.mark.parametrize("line,col,message", [(0, 1, "line 0 is outside"), (9, 1, "line 9 is outside"),

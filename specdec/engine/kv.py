@@ -112,8 +112,8 @@ class KVModel(PrefixSync):
             self.cache = DynamicCache()
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         extra = {} if mask is None else {"position_ids": positions, "attention_mask": mask}
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep, **extra)
-        self.cache = out.past_key_values
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=keep, **extra)
+        self.cache = out.cache
         return out.logits[0]
 
     def _dtype(self) -> torch.dtype:

@@ -41,14 +41,20 @@ class LoadedModel:
 def load(spec: str, dtype: str = "auto", device: str | None = None) -> LoadedModel:
     """device: a `--device` value (None or auto: CUDA if there is one, else the CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     path = resolve(spec)
     device = torch_device(device)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a local load takes seconds: the user's terminal shows specdec's lines only
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype, device)).to(device)
     except (OSError, ValueError) as exc:
         raise SpecdecError(f"cannot load model {spec}: {str(exc).splitlines()[0]}") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     model.eval()
     return LoadedModel(spec=spec, path=path, model=model, tokenizer=tokenizer)
 

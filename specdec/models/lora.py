@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 
@@ -95,6 +96,14 @@ def check_adapter(folder: Path, modules: dict[str, tuple[int, int]] | None = Non
             raise SpecdecError(f"adapter at {folder}: {kind} layers disagree on their shape")
 
 
+def ignore_peft_checkpointing_notice() -> None:
+    """Call before peft wraps a model. peft (0.21) reads transformers' deprecated `is_gradient_checkpointing` in
+    every PeftModel it builds, and transformers (5.24) warns there: peft's own access, which no argument of ours
+    avoids. Only that warning is ignored (idempotent: the filter replaces its twin)."""
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning,
+                            module=r"transformers\.modeling_utils")
+
+
 class SwitchableDraft:
     def __init__(self, draft_model, quant: str = "int8", rank: int = 1):
         from peft import LoraConfig, get_peft_model
@@ -105,6 +114,7 @@ class SwitchableDraft:
         self.target_modules = tuple(m for m in TARGET_MODULES if m in present)
         config = LoraConfig(r=rank, lora_alpha=rank, target_modules=list(self.target_modules), task_type="CAUSAL_LM")
         swapped: list = []
+        ignore_peft_checkpointing_notice()
         self.model = quantize_draft(get_peft_model(draft_model, config, adapter_name=PLACEHOLDER), quant, swapped)
         # LoRA layer -> (its int8 base, the fp32 layer that was quantized): the layers adapters fold into
         self.int8_bases = {parent: (getattr(parent, name), original) for parent, name, original in swapped
@@ -204,4 +214,5 @@ def apply_adapter(model, adapter_dir: str):
 
     if not (Path(adapter_dir) / "adapter_config.json").is_file():
         raise SpecdecError(f"{adapter_dir} is not a LoRA adapter (no adapter_config.json)")
+    ignore_peft_checkpointing_notice()
     return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()

@@ -39,6 +39,22 @@ def test_switchable_draft_swaps_adapters_on_an_int8_base(tmp_path, monkeypatch):
         draft.activate("bad", bad)
 
 
+def test_wrapping_a_draft_in_peft_warns_nothing(tmp_path):
+    """Issue #40 item 4: peft's PeftModel reads transformers' deprecated `is_gradient_checkpointing`, which printed
+    a FutureWarning wherever an adapter was served or trained."""
+    import warnings
+
+    from specdec.models.lora import SwitchableDraft, apply_adapter
+
+    path = random_adapter(tmp_path / "a", 1)
+    base = tiny.model(seed=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        SwitchableDraft(tiny.model(seed=2)).activate("a", path)
+        apply_adapter(base, str(path))
+    assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []
+
+
 def test_an_unloaded_adapter_leaves_memory_and_the_active_one_untouched(tmp_path):
     """Online adaptation replaces an adapter every few minutes: the replaced one must not stay loaded."""
     import torch
