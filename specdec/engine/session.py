@@ -21,7 +21,8 @@ import torch
 from specdec.engine.acceptance import verify_tree
 from specdec.engine.drafters.base import Draft, Drafter
 from specdec.engine.cached_lm import Cancelled, as_cached_lm
-from specdec.engine.sampling import SamplingConfig
+from specdec.engine.sampling import SamplingConfig, probabilities
+from specdec.engine.trace import PLAIN, PassRecord, Trace, next_kind, probabilities_of
 from specdec.engine.tree import ROOT, TokenTree
 
 StopPredicate = Callable[[str], "int | None"]
@@ -47,6 +48,7 @@ class GenerationConfig:
     max_new_tokens: int = 64
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_draft: int = 8  # cap on drafted tokens per target pass
+    trace: bool = False  # record the target's p and the draft's q of every drafted token (a softmax per pass)
 
 
 @dataclass
@@ -72,6 +74,18 @@ class GenerationStats:
     # target passes that verified a draft of that source (a merged tree's pass counts for each source in it)
     passes_by: dict[str, int] = field(default_factory=dict)
 
+    @classmethod
+    def from_trace(cls, trace: Trace) -> GenerationStats:
+        """The counters as folds of the pass trace (trace.py): computed once, from the records."""
+        by_source = trace.by_source()
+        return cls(trace.strategy, trace.target_passes, trace.drafted, trace.accepted, trace.drafted_depth,
+                   trace.tree_passes, trace.new_tokens, trace.produced, trace.prefill_computed, trace.prefill_reused,
+                   trace.draft_prefill_computed, trace.draft_prefill_reused, trace.prefill_seconds,
+                   trace.draft_seconds, trace.verify_seconds, trace.seconds,
+                   {name: s.drafted for name, s in by_source.items()},
+                   {name: s.accepted for name, s in by_source.items()},
+                   {name: s.passes for name, s in by_source.items()})
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
@@ -95,6 +109,7 @@ class Generation:
     text: str
     stop_reason: str  # "eos" | "max_tokens" | "stop" | "cancelled"
     stats: GenerationStats
+    trace: Trace | None = None  # the passes the stats were folded from (None: not made by a Session)
 
 
 class Session:
@@ -123,29 +138,36 @@ class Session:
 
     def _generate(self, prompt, config, stop, cancel) -> Generation:
         started = time.perf_counter()
-        stats = GenerationStats(strategy=self.strategy)
+        trace = Trace(len(prompt), self.strategy, probabilities=config.trace)
+        passes = trace.passes
         sampling = config.sampling
         generator = sampling.generator()
         cancelled = (lambda: cancel.cancelled) if cancel else (lambda: False)
         out: list[int] = []
 
         def finish(reason: str, text: str | None = None) -> Generation:
-            stats.new_tokens = len(out)
-            stats.produced = len(out) + (reason == "eos")
-            stats.seconds = time.perf_counter() - started
-            return Generation(out, self.tokenizer.decode(out) if text is None else text, reason, stats)
+            trace.new_tokens, trace.stop_reason = len(out), reason
+            trace.text = self.tokenizer.decode(out) if text is None else text
+            trace.seconds = time.perf_counter() - started
+            return Generation(out, trace.text, reason, GenerationStats.from_trace(trace), trace)
 
         if config.max_new_tokens <= 0:
             return finish("max_tokens")
         try:
-            logits, stats.prefill_reused, stats.prefill_computed = self.target.sync(prompt, cancelled)
+            logits, trace.prefill_reused, trace.prefill_computed = self.target.sync(prompt, cancelled)
+            t0 = time.perf_counter()
             if self.drafter is not None:
-                stats.draft_prefill_reused, stats.draft_prefill_computed = self.drafter.prefill(prompt, cancelled)
+                trace.draft_prefill_reused, trace.draft_prefill_computed = self.drafter.prefill(prompt, cancelled)
         except Cancelled:
             return finish("cancelled")
-        stats.prefill_seconds = time.perf_counter() - started
-        stats.target_passes = 1
-        new = [verify_tree(TokenTree([], []), logits[None], sampling, generator).next_token]
+        t1 = time.perf_counter()
+        trace.prefill_seconds = t1 - started
+        empty = TokenTree([], [])
+        verdict = verify_tree(empty, logits[None], sampling, generator)
+        passes.append(PassRecord(empty.tokens, empty.parents, "", None, verdict.path, verdict.next_token, PLAIN, 0,
+                                 t1 - t0, t0 - started, prefill=True, p=[] if config.trace else None,
+                                 q=[] if config.trace else None))
+        new = [verdict.next_token]
         while True:
             reason, text = self._accept(new, out, config, stop)
             if reason:
@@ -169,18 +191,19 @@ class Session:
             if draft.tokens:
                 feedback = {"verdict": verdict} if draft.tree is not None else {}
                 self.drafter.observe(draft, verdict.accepted, t1 - t0, t2 - t1, **feedback)
-                for source, (drafted, accepted) in draft.credit(verdict.path).items():
-                    stats.drafted_by[source] = stats.drafted_by.get(source, 0) + drafted
-                    stats.accepted_by[source] = stats.accepted_by.get(source, 0) + accepted
-                    stats.passes_by[source] = stats.passes_by.get(source, 0) + 1
-            stats.target_passes += 1
-            stats.drafted += len(tree)
-            stats.accepted += verdict.accepted
-            stats.drafted_depth += tree.depth
-            stats.tree_passes += len(tree) > tree.depth
-            stats.draft_seconds += t1 - t0
-            stats.verify_seconds += t2 - t1
+            record = PassRecord(tree.tokens, tree.parents, draft.source if draft.tokens else "", draft.sources,
+                                verdict.path, verdict.next_token, next_kind(tree, verdict.bonus), tree.depth,
+                                t1 - t0, t2 - t1, plan=None if draft.plan is None else (draft.plan.parents,
+                                                                                       draft.plan.ranks))
+            if config.trace:
+                record.p, record.q = probabilities_of(tree, self._law(target_logits, sampling))
+            passes.append(record)
             new = verdict.accepted_tokens + [verdict.next_token]
+
+    @staticmethod
+    def _law(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """The target's law for the trace's p: the sampling law, or under greedy (a one-hot law) the plain softmax."""
+        return logits.float().softmax(-1) if sampling.greedy else probabilities(logits, sampling)
 
     def _accept(self, new: list[int], out: list[int], config: GenerationConfig,
                 stop: StopPredicate | None) -> tuple[str, str | None]:

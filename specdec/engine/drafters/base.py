@@ -18,7 +18,9 @@ import torch
 
 from specdec.engine.draft_length import DraftLength
 from specdec.engine.sampling import SamplingConfig
+from specdec.engine.trace import credit
 from specdec.engine.tree import TokenTree
+from specdec.engine.tree_shape import TreeShape
 
 
 @dataclass
@@ -28,6 +30,7 @@ class Draft:
     source: str = ""  # which drafter produced it (the composite reports its member)
     tree: TokenTree | None = None  # None: the tokens are a chain
     sources: list[str] | None = None  # a merged tree's: per node, the source that proposed it (None: all `source`)
+    plan: TreeShape | None = None  # the planner's shape this draft filled (None: unplanned), for the pass trace
 
     def __post_init__(self) -> None:
         if self.tree is not None and (list(self.tokens) != self.tree.tokens or self.probs is not None):
@@ -36,22 +39,14 @@ class Draft:
             raise ValueError(f"{len(self.sources)} node sources for {len(self.tokens)} drafted tokens")
 
     @classmethod
-    def of_tree(cls, tree: TokenTree, source: str = "", sources: list[str] | None = None) -> Draft:
-        return cls(list(tree.tokens), None, source, tree, sources)
+    def of_tree(cls, tree: TokenTree, source: str = "", sources: list[str] | None = None,
+                plan: TreeShape | None = None) -> Draft:
+        return cls(list(tree.tokens), None, source, tree, sources, plan)
 
     def credit(self, path: list[int]) -> dict[str, tuple[int, int]]:
         """{source: (nodes drafted, nodes accepted)} given the accepted path (node indices): per
-        node for a merged tree, else everything to `source`. The per-source statistics read this."""
-        if self.sources is None:
-            return {self.source: (len(self.tokens), len(path))} if self.tokens else {}
-        out: dict[str, tuple[int, int]] = {}
-        for source in self.sources:
-            drafted, accepted = out.get(source, (0, 0))
-            out[source] = (drafted + 1, accepted)
-        for node in path:
-            drafted, accepted = out[self.sources[node]]
-            out[self.sources[node]] = (drafted, accepted + 1)
-        return out
+        node for a merged tree, else everything to `source` (the pass trace's rule, trace.credit)."""
+        return credit(self.source, self.sources, len(self.tokens), path)
 
     def as_tree(self) -> TokenTree:
         """What the target verifies: the tree, or the chain as its one-branch tree."""

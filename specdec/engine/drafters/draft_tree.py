@@ -110,7 +110,7 @@ class DraftTree(DraftModel):
         nodes = min(len(shape) if shape is not None else limits.budget, k)
         self._pending = None
         if nodes <= 0:
-            return Draft([], None, self.name)
+            return Draft([], None, self.name, plan=shape)
         started = time.perf_counter()
         logits, _, self.catch_up = self.kv.sync(context)  # also drops what is left of an unverified tree
         synced = time.perf_counter()
@@ -122,7 +122,7 @@ class DraftTree(DraftModel):
             tree, slots = self._grow(belief, limits, nodes, sampling)
         self._timed = (synced - started, time.perf_counter() - synced, self._levels_run)
         self._pending = (tree, slots)
-        return Draft.of_tree(tree, self.name)
+        return Draft.of_tree(tree, self.name, plan=shape)
 
     def _fill(self, root_belief: torch.Tensor, shape: TreeShape, nodes: int,
               sampling: SamplingConfig) -> tuple[TokenTree, list[int | None]]:

@@ -52,7 +52,7 @@ class UnionTree:
         shape = self.planner.plan(k)
         budget = len(shape)
         if budget <= 0:
-            return Draft([], None, self.name)
+            return Draft([], None, self.name, plan=shape)
         model = self.model.propose(context, k, sampling, shape=shape)
         trees, names = [model.as_tree()], [self.model.name]
         if self.lookup is not None:
@@ -65,9 +65,9 @@ class UnionTree:
                 names.append(self.repo.name)
         merged, origins = union_origins(trees, budget)
         if not len(merged):
-            return Draft([], None, self.name)
+            return Draft([], None, self.name, plan=shape)
         self._pending = (model, merged)
-        return Draft.of_tree(merged, self.name, [names[o] for o in origins])
+        return Draft.of_tree(merged, self.name, [names[o] for o in origins], plan=shape)
 
     def observe(self, draft: Draft, accepted: int, draft_seconds: float, target_pass_seconds: float,
                 verdict: TreeVerdict | None = None) -> None:
