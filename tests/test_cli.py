@@ -179,3 +179,24 @@ def test_device_flag(capsys, models, source, tmp_path):
         with pytest.raises(SystemExit) as exit:
             run(capsys, *command, "--device", "gpu")
         assert exit.value.code == 2 and "argument --device: 'gpu': use one of auto, cpu, cuda" in capsys.readouterr().err
+
+
+def test_complete_trace_prints_the_marked_completion_and_writes_the_records(capsys, models, source, tmp_path):
+    """--trace: the completion, then the trace (markers: stdout is not a terminal here); --trace-json FILE: the
+    records, whose tokens decode to the completion."""
+    target, draft = models
+    out_file = tmp_path / "trace.json"
+    common = ["complete", source, "--line", 2, "--col", 12, "--target", target, "--draft", draft, "--strategy", "auto",
+              "--max-new-tokens", 12, "--dtype", "fp32"]
+    code, out, err = run(capsys, *common, "--trace", "--trace-json", out_file)
+    assert code == 0, err
+    recorded = json.loads(out_file.read_text())
+    assert out.startswith(recorded["text"]) and "\ntrace: strategy auto, draft adapter none," in out
+    assert "\x1b[" not in out and "pass  drafted" in out and "\nall " in out
+    assert tiny.tokenizer().decode(recorded["tokens"]) == recorded["text"] and recorded["probabilities"]
+    assert len(recorded["passes"]) == recorded["summary"]["target_passes"] and recorded["passes"][0]["prefill"]
+    assert all(len(p["p"]) == len(p["q"]) == len(p["tokens"]) for p in recorded["passes"])
+    code, out, err = run(capsys, *common, "--json", "--trace")  # stdout stays one JSON line; the trace goes to stderr
+    assert code == 0 and json.loads(out)["text"] == recorded["text"] and "trace: strategy auto" in err
+    code, _, err = run(capsys, *common, "--trace-json", tmp_path / "nowhere" / "trace.json")
+    assert code != 0 and "--trace-json" in err and "does not exist" in err and len(err.strip().splitlines()) == 1

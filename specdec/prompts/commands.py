@@ -85,10 +85,13 @@ def cmd_complete(args) -> int:
     repo = args.repo or (repository_of(args.file) if args.strategy == "repo" else None)
     if repo and not Path(repo).is_dir():
         raise SpecdecError(f"--repo {repo}: not a folder")
+    if args.trace_json and not Path(args.trace_json).resolve().parent.is_dir():
+        raise SpecdecError(f"--trace-json {args.trace_json}: its folder does not exist")
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     completer = load_completer(args, args.strategy, repo, document_key(args.file))
-    result = completer.complete(prefix, suffix, GenerationConfig(args.max_new_tokens, sampling, args.max_draft),
-                                path=args.file)
+    tracing = args.trace or args.trace_json
+    result = completer.complete(prefix, suffix, GenerationConfig(args.max_new_tokens, sampling, args.max_draft,
+                                                                 trace=bool(tracing)), path=args.file)
     if args.json:
         s = result.stats
         stats = {"target_passes": s.target_passes, "drafted": s.drafted, "accepted": s.accepted,
@@ -100,7 +103,28 @@ def cmd_complete(args) -> int:
         print(json.dumps({"text": result.text, "stats": stats}))
     else:
         sys.stdout.write(result.text + ("\n" if not result.text.endswith("\n") else ""))
+    if tracing:
+        write_trace(args, result.trace, completer.session.tokenizer)
     return 0
+
+
+def write_trace(args, trace, tokenizer) -> None:
+    """--trace: the completion again, marked pass by pass, and the tables (to stderr under --json, so stdout
+    stays one JSON line); --trace-json FILE: the records as JSON (the shape the server's specdec/trace returns)."""
+    from specdec.engine.trace_render import render, wants_colour
+
+    trace.adapter = getattr(args, "adapter", None) or ""
+    recorded = trace.as_dict(tokenizer.decode)
+    if args.trace_json:
+        try:
+            with open(args.trace_json, "w", encoding="utf-8") as f:
+                json.dump(recorded, f, indent=1)
+                f.write("\n")
+        except OSError as exc:
+            raise SpecdecError(f"--trace-json {args.trace_json}: {exc.strerror or exc}") from exc
+    if args.trace:
+        stream = sys.stderr if args.json else sys.stdout
+        stream.write("\n" + render(recorded, wants_colour(stream)))
 
 
 def register(sub) -> None:
@@ -119,4 +143,8 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--trace", action="store_true",
+                   help="print the completion again marked by what produced each token, then a table per pass and "
+                        "per drafter source (colours on a terminal; docs/architecture.md: trace_render.py)")
+    p.add_argument("--trace-json", metavar="FILE", help="write the pass trace as JSON to FILE")
     p.set_defaults(func=cmd_complete)
