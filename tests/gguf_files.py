@@ -30,3 +30,81 @@ def write_tiny_gguf(model, path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+QWEN2_PARTS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+               "ffn_down": "mlp.down_proj"}
+
+
+def write_qwen2_gguf(model, path, types=None, embedding="Q8_0", output="Q8_0", tied=False, tokenizer=None):
+    """A whole Qwen2 GGUF of a transformers Qwen2 model, as llama.cpp names and lays it out: the metadata the
+    native forward reads, token_embd, norms and biases in F32, each Linear in the type `types` gives it
+    ({"blk.1.attn_v": "Q5_0", ...}; Q4_K by default), output.weight unless tied (then token_embd serves).
+    tokenizer: a PreTrainedTokenizerFast (byte-level BPE) whose vocabulary and merges go in as llama.cpp's
+    tokenizer.ggml.* keys, so transformers can build the tokenizer from the file."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+
+    types = types or {}
+    config = model.config
+
+    def add(writer, name, weight, qtype):
+        w = weight.detach().float()
+        if qtype == "Q4_K":
+            writer.add_tensor(name, quantize_q4k(w), raw_dtype=GGMLQuantizationType.Q4_K)
+        elif qtype == "F32":
+            writer.add_tensor(name, w.numpy())
+        else:
+            kind = GGMLQuantizationType[qtype]
+            writer.add_tensor(name, quantize(w.numpy(), kind), raw_dtype=kind)
+
+    writer = GGUFWriter(str(path), "qwen2")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"] if hasattr(config, "rope_parameters")
+                                    else config.rope_theta))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if tokenizer is not None:
+        _add_tokenizer(writer, tokenizer)
+    state = model.state_dict()
+    add(writer, "token_embd.weight", state["model.embed_tokens.weight"], embedding)
+    for i in range(config.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        add(writer, f"blk.{i}.attn_norm.weight", state[prefix + "input_layernorm.weight"], "F32")
+        add(writer, f"blk.{i}.ffn_norm.weight", state[prefix + "post_attention_layernorm.weight"], "F32")
+        for part, module in QWEN2_PARTS.items():
+            add(writer, f"blk.{i}.{part}.weight", state[prefix + module + ".weight"],
+                types.get(f"blk.{i}.{part}", "Q4_K"))
+            if prefix + module + ".bias" in state:
+                add(writer, f"blk.{i}.{part}.bias", state[prefix + module + ".bias"], "F32")
+    add(writer, "output_norm.weight", state["model.norm.weight"], "F32")
+    if not tied:
+        add(writer, "output.weight", state["lm_head.weight"], output)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _add_tokenizer(writer, tokenizer) -> None:
+    """llama.cpp's gpt2-style BPE keys from a byte-level BPE PreTrainedTokenizerFast."""
+    import json
+
+    model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    vocab = tokenizer.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 1 for t in tokens])  # 3: control, 1: normal
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model["merges"]])
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    writer.add_bos_token_id(tokenizer.eos_token_id)
+    if tokenizer.pad_token_id is not None:
+        writer.add_pad_token_id(tokenizer.pad_token_id)

@@ -1,0 +1,252 @@
+"""A Qwen2 GGUF read tensor by tensor into the native model's weights, never the whole model in floats.
+
+Q4_K tensors keep their codes and run W4A8 (specdec.models.gguf_codes.q4k_codes -> w4a8.pack); every other
+quantized or float matrix (Q6_K, Q8_0, Q5_0, Q5_K, F16, ...) is dequantized one tensor at a time with gguf's own
+code and rounded to int8 per output channel for W8A8. Norms and biases stay fp32. The token embedding stays in
+the file: a lookup dequantizes the rows it needs from a memory map of that tensor alone, so the page cache
+holds it once for every process. Without output.weight the output layer is token_embd (tied embeddings).
+
+`dense=True` keeps every matrix as its fp32 dequantization instead: the reference the tests compare
+transformers against (same weights, torch's matmuls).
+
+Tensor names are llama.cpp's (blk.N.attn_q.weight, ...); Qwen2's Q/K rows are stored in HF order and its
+RoPE is NeoX-style (halves rotated), as llama.cpp's qwen2 graph computes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.models import w4a8
+from specdec.models.gguf_codes import GGUFTensor, Int4Codes, Int8Codes, int8_per_channel, q4k_codes
+from specdec.native.layers import Linear
+
+ARCHITECTURES = ("qwen2",)
+
+
+@dataclass(frozen=True)
+class Qwen2Config:
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_theta: float
+    eps: float
+    context_length: int
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # f32[d]
+    qkv: Concat  # -> q | k | v, biases added
+    o: Linear
+    ffn_norm: torch.Tensor
+    gate_up: Concat  # -> gate | up
+    down: Linear
+
+
+@dataclass
+class Qwen2Weights:
+    config: Qwen2Config
+    embedding: Embedding
+    layers: list[LayerWeights]
+    output_norm: torch.Tensor
+    output: Linear
+    source: Path
+
+    def nbytes(self) -> int:
+        """Bytes the weights hold in memory (the embedding's map excluded: the page cache holds it)."""
+        total = self.output.nbytes() + self.output_norm.numel() * 4
+        for layer in self.layers:
+            total += (layer.qkv.nbytes() + layer.o.nbytes() + layer.gate_up.nbytes() + layer.down.nbytes()
+                      + 4 * (layer.attn_norm.numel() + layer.ffn_norm.numel()))
+        return total
+
+
+class Concat:
+    """Several Linears over the same input as one, outputs side by side: those of the same kernel packed into
+    one matrix (one activation rounding, one call), a kernel change starting another. A column's arithmetic is
+    its own in either form, so fusing changes no bit."""
+
+    def __init__(self, parts: list[Linear]):
+        self.parts = parts
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [part(x) for part in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+
+    def nbytes(self) -> int:
+        return sum(part.nbytes() for part in self.parts)
+
+
+class Embedding:
+    """token_embd kept in the file in its own type; rows dequantized at lookup (f32[n, d])."""
+
+    def __init__(self, path: Path, offset: int, qtype: str, rows: int, width: int):
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.qtype, self.rows, self.width = GGMLQuantizationType[qtype], rows, width
+        block, size = GGML_QUANT_SIZES[self.qtype]
+        self.data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(rows, width // block * size))
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        index = ids.numpy()
+        if index.size and (index.min() < 0 or index.max() >= self.rows):
+            raise SpecdecError(f"token id {int(index.max() if index.max() >= self.rows else index.min())} is "
+                               f"outside the model's vocabulary of {self.rows}")
+        rows = dequantize(np.ascontiguousarray(self.data[index]), self.qtype)
+        return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)).reshape(len(index), self.width)
+
+    def tensor(self) -> GGUFTensor:
+        return GGUFTensor(self.qtype.name, self.data, (self.rows, self.width))
+
+
+def _codes(tensor: GGUFTensor, dense: bool) -> Int4Codes | Int8Codes | torch.Tensor:
+    """The form a matrix runs in: Q4_K codes as they are, anything else int8 per channel (fp32 when dense)."""
+    if dense:
+        return tensor.dequantize().clone()
+    if tensor.qtype == "Q4_K" and w4a8.tiles(*tensor.shape):
+        return q4k_codes(tensor.data, tensor.shape[1])
+    if not w4a8.tiles(*tensor.shape):
+        raise SpecdecError(f"a {tensor.shape[0]}x{tensor.shape[1]} matrix does not fit the W4A8/W8A8 tiles "
+                           f"(out % {w4a8.TILE_N}, in % {w4a8.GROUP}): the native forward cannot run this model")
+    return int8_per_channel(tensor.dequantize())
+
+
+def _linear(codes: Int4Codes | Int8Codes | torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    if isinstance(codes, Int4Codes):
+        out, inp = codes.codes.shape
+        return Linear("w4a8", out, inp, packed=w4a8.pack(codes.codes, codes.scale, codes.zero), bias=bias)
+    if isinstance(codes, Int8Codes):
+        out, inp = codes.codes.shape
+        return Linear("w8a8", out, inp, packed=w4a8.pack8(codes.codes), scale=codes.scale.float().contiguous(),
+                      bias=bias)
+    return Linear("dense", codes.shape[0], codes.shape[1], weight=codes.float().contiguous(), bias=bias)
+
+
+def _concat(parts: list[tuple[Int4Codes | Int8Codes | torch.Tensor, torch.Tensor | None]]) -> Concat:
+    """Neighbours of one form fused into one Linear (their rows, scales and biases stacked)."""
+    groups: list[list] = []
+    for codes, bias in parts:
+        if groups and type(groups[-1][0][0]) is type(codes):
+            groups[-1].append((codes, bias))
+        else:
+            groups.append([(codes, bias)])
+    linears = []
+    for group in groups:
+        first = group[0][0]
+        biases = [b for _, b in group]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat([b if b is not None else torch.zeros(_rows(c)) for (c, _), b in zip(group, biases)])
+        if isinstance(first, Int4Codes):
+            codes = Int4Codes(*(torch.cat([getattr(c, f) for c, _ in group]) for f in ("codes", "scale", "zero")))
+        elif isinstance(first, Int8Codes):
+            codes = Int8Codes(torch.cat([c.codes for c, _ in group]), torch.cat([c.scale for c, _ in group]))
+        else:
+            codes = torch.cat([c for c, _ in group])
+        linears.append(_linear(codes, bias))
+    return Concat(linears)
+
+
+def _rows(codes) -> int:
+    return codes.codes.shape[0] if isinstance(codes, (Int4Codes, Int8Codes)) else codes.shape[0]
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        if default is None:
+            raise SpecdecError(f"the GGUF lacks {key}: not a Qwen2 model llama.cpp would run")
+        return default
+    return field.contents()
+
+
+def problem(path: Path | str) -> str:
+    """Why the GGUF at path is not a model the native forward runs ('' when it is): its architecture, its
+    metadata and tensors checked without reading a weight."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+        read_config(reader)
+    except SpecdecError as exc:
+        return str(exc)
+    except (OSError, ValueError) as exc:
+        return f"cannot read {Path(path).name} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    names = {t.name for t in reader.tensors}
+    missing = [n for n in ("output_norm.weight", "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight",
+                           "blk.0.attn_q.weight", "blk.0.ffn_down.weight") if n not in names]
+    return f"{Path(path).name} lacks {', '.join(missing)}" if missing else ""
+
+
+def read_config(reader) -> Qwen2Config:
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise SpecdecError(f"the native forward runs {', '.join(ARCHITECTURES)} GGUFs; this one is {arch}")
+    hidden, heads = int(_field(reader, f"{arch}.embedding_length")), int(_field(reader, f"{arch}.attention.head_count"))
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise SpecdecError("the GGUF has no token_embd.weight")
+    return Qwen2Config(
+        vocab=int(embd.shape[1]), hidden=hidden, intermediate=int(_field(reader, f"{arch}.feed_forward_length")),
+        layers=int(_field(reader, f"{arch}.block_count")), heads=heads,
+        kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        context_length=int(_field(reader, f"{arch}.context_length", 32768)))
+
+
+def read_qwen2(path: Path | str, dense: bool = False) -> Qwen2Weights:
+    """The GGUF at path as the native model's weights (see the module's docstring for what becomes what)."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    try:
+        reader = GGUFReader(str(path))
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"cannot read GGUF {path}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+    config = read_config(reader)
+    raw = {t.name: t for t in reader.tensors}
+
+    def matrix(name: str) -> GGUFTensor:
+        t = raw.get(name)
+        if t is None:
+            raise SpecdecError(f"the GGUF lacks {name}")
+        return GGUFTensor(t.tensor_type.name, t.data, (int(t.shape[1]), int(t.shape[0])))
+
+    def vector(name: str, required: bool = True) -> torch.Tensor | None:
+        t = raw.get(name)
+        if t is None:
+            if required:
+                raise SpecdecError(f"the GGUF lacks {name}")
+            return None
+        # a copy: an F32 tensor dequantizes to a view of the file's map, which the weights must not keep
+        return GGUFTensor(t.tensor_type.name, t.data, (1, int(t.n_elements))).dequantize()[0].clone()
+
+    layers = []
+    for i in range(config.layers):
+        b = f"blk.{i}."
+        qkv = [(_codes(matrix(f"{b}attn_{x}.weight"), dense), vector(f"{b}attn_{x}.bias", False)) for x in "qkv"]
+        layers.append(LayerWeights(
+            attn_norm=vector(f"{b}attn_norm.weight"), qkv=_concat(qkv),
+            o=_linear(_codes(matrix(f"{b}attn_output.weight"), dense), vector(f"{b}attn_output.bias", False)),
+            ffn_norm=vector(f"{b}ffn_norm.weight"),
+            gate_up=_concat([(_codes(matrix(f"{b}ffn_{x}.weight"), dense), None) for x in ("gate", "up")]),
+            down=_linear(_codes(matrix(f"{b}ffn_down.weight"), dense), None)))
+    embd = raw["token_embd.weight"]
+    embedding = Embedding(path, int(embd.data_offset), embd.tensor_type.name, config.vocab, config.hidden)
+    output = matrix("output.weight") if "output.weight" in raw else embedding.tensor()
+    return Qwen2Weights(config, embedding, layers, vector("output_norm.weight"), _linear(_codes(output, dense), None),
+                        path)

@@ -1,0 +1,65 @@
+"""On the native target, greedy speculative output equals plain greedy output for every strategy, bit for bit:
+Session, the drafters, trees and the planner run unchanged on the CachedLM protocol, with a native draft or a
+transformers one."""
+
+import pytest
+import torch
+from native_models import VOCAB, kernels_or_skip, native_model
+
+import tiny
+from specdec.engine.cost_curve import CostCurve
+from specdec.engine.drafters.repo_index import RepoIndex
+from specdec.engine.session import GenerationConfig
+from specdec.engine.strategies import STRATEGIES, make_session
+
+# the last one repeats itself, so prompt lookup has n-grams to draft from
+PROMPTS = ["def add(a, b):\n    return", "class Point:\n    def",
+           "for i in range(10):\n    print(i)\nfor i in range(10):\n    print(i)\nfor i in range(10):\n"]
+MAX_NEW = 20
+# a flat verify curve, so the planner drafts trees and chains rather than nothing
+CURVE = CostCurve((1, 2, 4, 8, 16, 33), (1.0, 1.02, 1.05, 1.1, 1.2, 1.5))
+
+
+@pytest.fixture(scope="module")
+def target():
+    kernels_or_skip()
+    return native_model(seed=0, capacity=256)
+
+
+@pytest.fixture(scope="module", params=["native-draft", "transformers-draft"])
+def draft(request):
+    if request.param == "native-draft":
+        return native_model(seed=1, layers=1, capacity=256)
+    return tiny.model(seed=2, layers=1, hidden=32, vocab_size=VOCAB)
+
+
+def plain_greedy(target, prompt: list[int], n: int, eos: int) -> list[int]:
+    """Token by token on a fresh cache, argmax each step: the reference every strategy must reproduce."""
+    lm = target.new_cached_lm()
+    logits = lm.extend(prompt)[-1]
+    out = []
+    for _ in range(n):
+        token = int(torch.argmax(logits))
+        if token == eos:
+            break
+        out.append(token)
+        logits = lm.extend([token])[-1]
+    return out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_gives_plain_greedy_output(target, draft, tok, strategy):
+    index = RepoIndex()
+    expected = {}
+    for i, text in enumerate(PROMPTS):
+        prompt = tok.encode(text)
+        expected[text] = plain_greedy(target, prompt, MAX_NEW, tok.eos_token_id)
+        index.add(f"/w/{i}.py", prompt + expected[text][: MAX_NEW // 2])  # the repo drafter gets something right
+    session = make_session(target, tok, strategy, draft, max_draft=8, repo_index=index, cost_curve=CURVE)
+    drafted = 0
+    for text in PROMPTS + PROMPTS[:1]:  # the last one again: served from the session's cache
+        out = session.generate(tok.encode(text), GenerationConfig(max_new_tokens=MAX_NEW, max_draft=8))
+        assert out.tokens == expected[text], (strategy, text)
+        drafted += out.stats.drafted
+    if strategy != "plain":
+        assert drafted > 0, f"{strategy} never drafted: the test would prove nothing"
