@@ -46,7 +46,8 @@ class Qwen2Config:
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # f32[d]
-    qkv: Concat  # -> q | k | v, biases added
+    qkv: Concat  # -> q | k | v, before the bias
+    qkv_bias: torch.Tensor | None  # f32[(Hq + 2 Hk) D], added with RoPE and the cache write (layers.qkv_rope_cache)
     o: Linear
     ffn_norm: torch.Tensor
     gate_up: Concat  # -> gate | up
@@ -66,8 +67,9 @@ class Qwen2Weights:
         """Bytes the weights hold in memory (the embedding's map excluded: the page cache holds it)."""
         total = self.output.nbytes() + self.output_norm.numel() * 4
         for layer in self.layers:
+            vectors = [layer.attn_norm, layer.ffn_norm] + ([] if layer.qkv_bias is None else [layer.qkv_bias])
             total += (layer.qkv.nbytes() + layer.o.nbytes() + layer.gate_up.nbytes() + layer.down.nbytes()
-                      + 4 * (layer.attn_norm.numel() + layer.ffn_norm.numel()))
+                      + 4 * sum(v.numel() for v in vectors))
         return total
 
 
@@ -238,9 +240,13 @@ def read_qwen2(path: Path | str, dense: bool = False) -> Qwen2Weights:
     layers = []
     for i in range(config.layers):
         b = f"blk.{i}."
-        qkv = [(_codes(matrix(f"{b}attn_{x}.weight"), dense), vector(f"{b}attn_{x}.bias", False)) for x in "qkv"]
+        qkv = [_codes(matrix(f"{b}attn_{x}.weight"), dense) for x in "qkv"]
+        biases = [vector(f"{b}attn_{x}.bias", False) for x in "qkv"]
+        bias = None
+        if any(v is not None for v in biases):
+            bias = torch.cat([v if v is not None else torch.zeros(_rows(c)) for c, v in zip(qkv, biases)])
         layers.append(LayerWeights(
-            attn_norm=vector(f"{b}attn_norm.weight"), qkv=_concat(qkv),
+            attn_norm=vector(f"{b}attn_norm.weight"), qkv=_concat([(c, None) for c in qkv]), qkv_bias=bias,
             o=_linear(_codes(matrix(f"{b}attn_output.weight"), dense), vector(f"{b}attn_output.bias", False)),
             ffn_norm=vector(f"{b}ffn_norm.weight"),
             gate_up=_concat([(_codes(matrix(f"{b}ffn_{x}.weight"), dense), None) for x in ("gate", "up")]),

@@ -116,6 +116,25 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     return x * c + torch.cat([-x[..., half:], x[..., :half]], -1) * s
 
 
+def qkv_rope_cache(qkv: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                   num_heads: int) -> torch.Tensor:
+    """After the fused QKV projection: bias, RoPE of q and k, k and v into the cache at `slots`; returns q.
+
+    qkv f32[n, (Hq + 2 Hk) D] (q heads | k heads | v heads), bias f32[(Hq + 2 Hk) D] or None, positions i64[n],
+    cos/sin f32[P, D/2], k_cache/v_cache [Hk, S, D] -> q f32[n, Hq, D]."""
+    ops = _ops()
+    if ops is not None:
+        return ops.qkv_rope_cache(qkv, bias, positions, cos, sin, k_cache, v_cache, slots, num_heads)
+    n, (hk, _, d) = qkv.shape[0], k_cache.shape
+    x = qkv if bias is None else qkv + bias
+    q = rope(x[:, : num_heads * d].view(n, num_heads, d), positions, cos, sin)
+    k = rope(x[:, num_heads * d : (num_heads + hk) * d].view(n, hk, d), positions, cos, sin)
+    k_cache[:, slots] = k.transpose(0, 1).to(k_cache.dtype)
+    v_cache[:, slots] = x[:, (num_heads + hk) * d :].reshape(n, hk, d).transpose(0, 1).to(v_cache.dtype)
+    return q
+
+
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits f32[n, V] -> i64[n], the lowest index among equal maxima."""
     ops = _ops()

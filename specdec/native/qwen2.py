@@ -5,7 +5,7 @@ A pass takes n rows: token ids, their positions (RoPE), the cache slots their K/
 row attends to: slots 0 .. prefix-1, then `extra` slots in order (a tree node's ancestors by depth, then
 itself). Which rows share a pass, and in which slots the keys sit, changes no bit of a row's result.
 
-Per layer: x -> RMSNorm -> QKV (+ bias) -> RoPE (NeoX: halves rotated) -> K/V into the cache -> attention ->
+Per layer: x -> RMSNorm -> QKV -> bias, RoPE (NeoX: halves rotated), K/V into the cache (one op) -> attention ->
 O -> residual add + RMSNorm -> gate|up -> SiLU * up -> down -> residual add + the next RMSNorm.
 """
 
@@ -72,17 +72,12 @@ class Qwen2:
         if int(positions.max()) >= len(self.cos):
             raise SpecdecError(f"position {int(positions.max())} is beyond the model's context of "
                                f"{self.config.context_length}")
-        q_width, kv_width = c.heads * c.head_dim, c.kv_heads * c.head_dim
+        q_width = c.heads * c.head_dim
         for i, layer in enumerate(w.layers):
-            qkv = layer.qkv(h)
-            q = F.rope(qkv[:, :q_width].view(n, c.heads, c.head_dim), positions, self.cos, self.sin)
-            k = F.rope(qkv[:, q_width : q_width + kv_width].view(n, c.kv_heads, c.head_dim), positions, self.cos,
-                       self.sin)
-            v = qkv[:, q_width + kv_width :].reshape(n, c.kv_heads, c.head_dim)
             k_cache, v_cache = cache.k[i], cache.v[i]
-            k_cache[:, slots] = k.transpose(0, 1).to(k_cache.dtype)
-            v_cache[:, slots] = v.transpose(0, 1).to(v_cache.dtype)
-            attn = F.attention(q.contiguous(), k_cache, v_cache, prefix, extra, self.scale)
+            q = F.qkv_rope_cache(layer.qkv(h), layer.qkv_bias, positions, self.cos, self.sin, k_cache, v_cache, slots,
+                                 c.heads)
+            attn = F.attention(q, k_cache, v_cache, prefix, extra, self.scale)
             h = F.add_rms_norm(layer.o(attn.reshape(n, q_width)), residual, layer.ffn_norm, c.eps)
             mlp = layer.down(F.silu_mul(layer.gate_up(h)))
             following = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.output_norm

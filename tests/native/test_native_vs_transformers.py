@@ -37,10 +37,18 @@ def dequantized_transformers(seed: int = 0, layers: int = 2, tied: bool = False)
     return model
 
 
+@pytest.mark.parametrize("ops", ["compiled", "torch-reference"])
 @pytest.mark.parametrize("tied", [False, True])
-def test_dense_reference_equals_transformers_in_fp32(tied):
+def test_dense_reference_equals_transformers_in_fp32(tied, ops, monkeypatch):
     """Everything but the matmul kernels: embedding lookup, RMSNorm, QKV biases, RoPE (NeoX, the GGUF's theta),
-    GQA attention, SiLU MLP, residuals, the output layer (token_embd when tied)."""
+    GQA attention, SiLU MLP, residuals, the output layer (token_embd when tied); on the compiled ops and on
+    layers.py's torch reference of them."""
+    from specdec.native import layers
+
+    if ops == "torch-reference":
+        monkeypatch.setattr(layers, "_ops", lambda: None)
+    elif not layers.ops_available():
+        pytest.skip(f"the native ops cannot run here: {layers.ops_unavailable_reason()}")
     expected = dequantized_transformers(tied=tied)(torch.tensor([TOKENS])).logits[0]
     lm = native_model(tied=tied, dense=True, cache_dtype=torch.float32).new_cached_lm()
     got = torch.cat([lm.extend(TOKENS[:37]), lm.extend(TOKENS[37:])])  # a prefix then more: positions carry on
