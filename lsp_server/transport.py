@@ -35,6 +35,7 @@ SERVER_NOT_INITIALIZED = -32002
 ID_PATTERN = re.compile(rb'"id"\s*:\s*(-?\d{1,19}(?![\d.eE])|"(?:[^"\\\r\n]|\\.){0,256}")')
 CHUNK = 65536
 STALL_SECONDS = 1.0  # mid-frame silence after which a body that is already whole JSON is read
+PENDING_SECONDS = 5.0  # --tcp: a connection that has not sent `initialize` by then is closed (a probe, not a client)
 
 
 def recover_id(data: bytes) -> int | str | None:
@@ -75,6 +76,11 @@ def valid_id(value: Any) -> bool:
     return isinstance(value, (int, str)) and not isinstance(value, bool)
 
 
+def frame(message: dict) -> bytes:
+    body = json.dumps(message).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
 class SafeWriter:
     """Writes frames to a stream; after the stream is gone, one log line instead of one traceback a write."""
 
@@ -102,10 +108,15 @@ class SafeWriter:
 class Dispatcher:
     """Frames in, pygls messages out; answers in place of pygls wherever it would stay silent."""
 
-    def __init__(self, server, on_exit: Callable[[int], None]):
+    def __init__(self, server, on_exit: Callable[[int], None], claim: Callable[[], bool] = lambda: True,
+                 send: Callable[[dict], None] | None = None):
+        """claim: called on `initialize`; False when another connection is already the client (--tcp).
+        send: where this dispatcher's own error replies go (default: the protocol's writer)."""
         self.server = server
         self.protocol = server.protocol
         self.on_exit = on_exit  # `exit` (or the end of the stream) with LSP's exit code
+        self.claim = claim
+        self.send = send or self.protocol._send_data
         self.parser = FrameParser()
         self.initialized = False
 
@@ -113,7 +124,7 @@ class Dispatcher:
     def error(self, msg_id, code: int, message: str) -> None:
         """One log line; an error reply when there is a request to answer (id null if it was unreadable)."""
         log.error("bad message%s: %s", "" if msg_id is None else f" (id {msg_id!r})", message)
-        self.protocol._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
+        self.send({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
 
     # -- input ----------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
@@ -190,6 +201,9 @@ class Dispatcher:
             if not (has_id and response):
                 self.error(reply_id, INVALID_REQUEST, "neither a request, a notification nor a response")
                 return
+            if not self.initialized:  # the server asks nothing before initialize: not a reply of its client's
+                log.error("bad message: a response before initialize, dropped")
+                return
         elif method == types.EXIT:  # whatever its params: the client wants the process gone
             self.on_exit(self.exit_code())
             return
@@ -204,6 +218,9 @@ class Dispatcher:
                 self.error(reply_id, INVALID_PARAMS, f"{method}: {self.why(exc)}")
             return
         if method == types.INITIALIZE:
+            if not self.claim():
+                self.error(reply_id, INVALID_REQUEST, "initialize: the server already serves another client")
+                return
             self.initialized = True
         try:
             self.protocol.handle_message(message)
@@ -286,7 +303,10 @@ async def pump(dispatcher: Dispatcher, read: Callable[[], Any]) -> None:
         if not chunk:
             break
         dispatcher.feed(chunk)
-    log.info("the client closed the stream%s", "" if dispatcher.protocol._shutdown else " without shutdown")
+    if dispatcher.initialized:
+        log.info("the client closed the stream%s", "" if dispatcher.protocol._shutdown else " without shutdown")
+    else:
+        log.info("the stream closed before initialize")
     dispatcher.on_exit(dispatcher.exit_code())
 
 
@@ -318,41 +338,69 @@ def serve_stdio(server) -> int:
         threading.Thread(target=read_stdin, name="specdec-stdin", daemon=True).start()
         await pump(dispatcher, chunks.get)
 
-    return run(server, dispatcher, main)
+    return run(server, main)
 
 
 def serve_tcp(server, host: str, port: int) -> int:
-    """Serve one client on HOST:PORT; while it is connected, further connections are refused."""
-    dispatcher = Dispatcher(server, lambda code: finish(server, code))
+    """Serve one client on HOST:PORT: the first connection that sends `initialize`.
+
+    Until then a connection is only a candidate, served beside any others: one that stays silent (or chatters
+    without initializing) for PENDING_SECONDS is closed, and one that leaves (a port probe) changes nothing. Once
+    a client is initialized, further connections are closed at once, and the server ends when that client leaves.
+    """
+    client: Dispatcher | None = None
 
     async def main() -> None:
-        busy = False
+        loop = asyncio.get_running_loop()
 
         async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal busy
             peer = writer.get_extra_info("peername")
-            if busy:
+            if client is not None:
                 log.error("refused a connection from %s: the server serves one client at a time", peer)
                 writer.close()
                 return
-            busy = True
-            log.info("client connected from %s", peer)
-            server.protocol.set_writer(SafeWriter(writer.write, writer.close))
+
+            def claim() -> bool:
+                nonlocal client
+                if client is not None:
+                    loop.call_soon(writer.close)  # after the error reply is written
+                    return False
+                client = dispatcher
+                dispatcher.send = server.protocol._send_data
+                server.protocol.set_writer(SafeWriter(writer.write, writer.close))
+                log.info("client connected from %s", peer)
+                return True
+
+            def on_exit(code: int) -> None:
+                if client is dispatcher:
+                    finish(server, code)
+                writer.close()  # a candidate that leaves, or says `exit`, takes only itself away
+
+            def drop_if_pending() -> None:
+                if not dispatcher.initialized:
+                    log.info("closed a connection from %s: no initialize within %gs", peer, PENDING_SECONDS)
+                    writer.close()
+
+            dispatcher = Dispatcher(server, on_exit, claim, send=lambda message: writer.write(frame(message)))
+            timer = loop.call_later(PENDING_SECONDS, drop_if_pending)
             try:
                 await pump(dispatcher, lambda: reader.read(CHUNK))
             except ConnectionError as exc:
-                log.error("connection from %s lost: %s; the server ends with its session", peer, exc)
-                dispatcher.on_exit(dispatcher.exit_code())
+                if client is dispatcher:
+                    log.error("connection from %s lost: %s; the server ends with its session", peer, exc)
+                on_exit(dispatcher.exit_code())
+            finally:
+                timer.cancel()
 
         listener = await asyncio.start_server(connection, host, port)
         log.info("serving on %s", ", ".join(str(s.getsockname()) for s in listener.sockets))
         async with listener:
             await listener.serve_forever()
 
-    return run(server, dispatcher, main)
+    return run(server, main)
 
 
-def run(server, dispatcher: Dispatcher, main) -> int:
+def run(server, main) -> int:
     """Run the loop; it ends the process itself (`exit`, end of stream), so returning is a failure."""
     try:
         asyncio.run(main())
