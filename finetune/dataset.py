@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.repository.files import HOLDOUT, FileSelection, split_heldout
+from specdec.repository.files import HOLDOUT, FileSelection, read_file, split_heldout
 from specdec.prompts import fim
 from specdec.prompts.languages import EXTENSIONS, parser_for
 
@@ -42,12 +42,20 @@ class Split:
 
 
 def split_files(selection: FileSelection, holdout: float = HOLDOUT, seed: int = 0) -> Split:
-    def read(rel: Path) -> SourceText:
-        return SourceText(rel.as_posix(), EXTENSIONS.get(rel.suffix.lower(), "plaintext"),
-                          (selection.root / rel).read_text(encoding="utf-8", errors="replace"))
+    """The selected files' text, split by file. Read through the filter's reader (nothing outside the root); a
+    file gone or unreadable since it was selected is left out."""
+    def read(rels: list[Path]) -> list[SourceText]:
+        texts = []
+        for rel in rels:
+            try:
+                text = read_file(selection.root, rel).decode("utf-8", "replace")
+            except OSError:
+                continue
+            texts.append(SourceText(rel.as_posix(), EXTENSIONS.get(rel.suffix.lower(), "plaintext"), text))
+        return texts
 
     train, heldout = split_heldout(selection.files, holdout, seed)
-    return Split(train=[read(rel) for rel in train], heldout=[read(rel) for rel in heldout])
+    return Split(train=read(train), heldout=read(heldout))
 
 
 def node_spans(language: str, text: str) -> list[tuple[int, int]]:

@@ -13,6 +13,7 @@ generation and before the next, with no reload (ModelHost._use_adapter, the path
 refresh is a metrics record (kind "online": samples, steps, seconds, CPU seconds, acceptance before and after,
 kept).
 Nothing of this touches the disk but the adapter and the record: the texts travel over the child's stdin.
+A document whose real path (every symlink resolved) is outside its workspace gives no text to learn from.
 """
 
 from __future__ import annotations
@@ -36,6 +37,20 @@ TRAINER = "specdec_finetune.online"  # run as a module in a child process: lsp_s
 MAX_PENDING = 64  # served suggestions whose samples wait for an accept (the newest)
 MAX_ACCEPTED = 64  # accepted completions kept per workspace (the newest): one refresh's data
 MAX_EDITED = 8  # edited documents kept per workspace (the most recently completed in)
+
+
+def in_workspace(request) -> bool:
+    """Whether the request's document lies inside its workspace once every symlink is resolved (a folder of the
+    workspace may be a link to text from elsewhere, which is never learnt from)."""
+    from urllib.parse import unquote, urlparse
+
+    from specdec.repository.files import within
+
+    parsed = urlparse(request.uri)
+    path = unquote(parsed.path) if parsed.scheme in ("file", "") else ""
+    if not request.workspace or not path or "\0" in path or "\0" in request.workspace:
+        return False
+    return within(os.path.realpath(request.workspace), os.path.realpath(path))
 PREFIX_CHARS, SUFFIX_CHARS = 4096, 1024  # of a completion's context: more than the trainer's prompt budget uses
 MAX_HISTORY = 20  # this session's refresh outcomes (the metrics file keeps every one)
 
@@ -108,7 +123,7 @@ class OnlineAdaptation:
             self._timer.cancel()
             self._timer = None
         self._suspend()
-        if self.enabled and request.workspace and request.uri:
+        if self.enabled and request.workspace and request.uri and in_workspace(request):
             docs = self.edited.setdefault(request.workspace, OrderedDict())
             docs[request.uri] = (request.path, request.language, request.prefix + request.suffix)
             docs.move_to_end(request.uri)
@@ -122,7 +137,7 @@ class OnlineAdaptation:
 
     def served(self, suggestion, request, generation=None) -> None:
         """A suggestion was shown: keep what it would teach, until it is accepted or pushed out."""
-        if not self.enabled or not request.workspace:
+        if not self.enabled or not request.workspace or not in_workspace(request):
             return
         if generation is not None and generation.tokens:
             sample = AcceptedSample(request.path, request.language, request.prefix[-PREFIX_CHARS:],

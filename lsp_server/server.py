@@ -173,7 +173,7 @@ class SpecdecServer(LanguageServer):
 
     def _index_accepted(self, suggestion) -> None:
         if self.indexer is not None:
-            self.indexer.accepted(suggestion.context, suggestion.text)
+            self.indexer.accepted(suggestion.context, suggestion.text, suggestion.document or None)
 
     def index_document(self, uri: str, closed: bool = False) -> None:
         """didChange/didSave: the buffer is re-indexed (debounced, in the background); didClose: the disk's text."""

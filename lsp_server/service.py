@@ -60,6 +60,7 @@ class Suggestion:
     workspace: str
     adapter: str = ""
     context: str = ""  # the end of the text before the cursor: an accepted suggestion is indexed with it
+    document: str = ""  # the request's document (its index key): the file filter judges the accepted text by it
 
 
 @dataclass(frozen=True)
@@ -324,10 +325,13 @@ class ModelHost:
         repeat (and its text before the cursor is prompt lookup's); the repo drafters read the other files."""
         drafter = self.completer.session.drafter
         if drafter is not None and self.repo_index is not None:
+            from specdec.engine.drafters.repo_index import vocabulary_of
             from specdec.engine.strategies import repo_drafters
 
+            vocabulary = vocabulary_of(self.completer.session.tokenizer)  # never a match in another tokenizer's ids
             for repo in repo_drafters(drafter):
                 repo.exclude = document or None
+                repo.vocabulary = vocabulary
 
 
 class CompletionService:
@@ -406,7 +410,7 @@ class CompletionService:
         if not text:
             return None
         suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, request.language, request.workspace,
-                                request.adapter, request.prefix[-ACCEPTED_CONTEXT_CHARS:])
+                                request.adapter, request.prefix[-ACCEPTED_CONTEXT_CHARS:], request.document)
         self.shown[suggestion.id] = suggestion
         self.online.served(suggestion, request, generation)
         while len(self.shown) > 256:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specdec.repository.files import MAX_BYTES, FileSelection, select
+from specdec.repository.files import MAX_BYTES, FileSelection, read_file, select
 
 BATCH_FILES = 64  # files per tokenizer call
 BATCH_CHARS = 2_000_000  # characters per tokenizer call, whatever the file count
@@ -23,8 +23,18 @@ FLUSH_TOKENS = 1_000_000  # token ids handed to the index at once (one new segme
 
 
 def document_key(path: str | Path) -> str:
-    """The index's key for a file: its real absolute path, the same from a folder walk and from an editor's URI."""
-    return os.path.realpath(path)
+    """The index's key for a file: its real absolute path, the same from a folder walk and from an editor's URI.
+    A path that cannot be resolved (a NUL in it, from a URI's %00; a link that may not be read) keeps its
+    absolute form, rather than raising: the indexer never indexes it (resolved_key)."""
+    return resolved_key(path) or os.path.abspath(path)
+
+
+def resolved_key(path: str | Path) -> str | None:
+    """document_key of a path that resolves, else None (no file can be read through it)."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -53,11 +63,12 @@ def tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
 
 def build_index(root: str | Path, tokenizer, index, max_bytes: int = MAX_BYTES, pause: Callable[[], None] | None = None,
                 selection: FileSelection | None = None, flush_tokens: int = FLUSH_TOKENS,
-                progress: Callable[[int, int], None] | None = None) -> BuildReport:
+                progress: Callable[[int, int], None] | None = None, vocabulary=None) -> BuildReport:
     """Select the repository's files (or use `selection`), tokenize them and add them to `index` (a RepoIndex).
 
     pause: called between batches and files (a background caller waits there while a completion runs).
     progress: called with (files done, files selected) after each batch.
+    vocabulary: the tokenizer's stamp (repo_index.vocabulary_of), for an index that checks whose ids it holds.
     """
     started = time.perf_counter()
     root = Path(root).resolve()
@@ -76,7 +87,7 @@ def build_index(root: str | Path, tokenizer, index, max_bytes: int = MAX_BYTES, 
         if not pending:
             return
         t0 = time.perf_counter()
-        fitted = index.add_many(pending)
+        fitted = index.add_many(pending, vocabulary=vocabulary)
         report.index_seconds += time.perf_counter() - t0
         report.files += sum(fitted)
         report.tokens += sum(len(ids) for (_, ids), ok in zip(pending, fitted) if ok)
@@ -92,9 +103,10 @@ def build_index(root: str | Path, tokenizer, index, max_bytes: int = MAX_BYTES, 
         batch, chars = [], 0
         while i < len(files) and len(batch) < BATCH_FILES and chars < BATCH_CHARS:
             try:
-                text = (root / files[i]).read_text(encoding="utf-8", errors="replace")
-            except OSError:  # deleted or unreadable since it was selected
+                text = read_file(root, files[i]).decode("utf-8", "replace")
+            except OSError:  # deleted, unreadable or moved out of the root since it was selected
                 text = ""
+                report.skipped += 1
             if text:
                 batch.append((document_key(root / files[i]), text))
                 chars += len(text)

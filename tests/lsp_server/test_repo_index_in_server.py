@@ -21,7 +21,7 @@ def model_dirs(tmp_path_factory):
     return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
 
 
-async def wait_for(client, predicate, timeout=60.0) -> dict:
+async def wait_for(client, predicate, timeout=120.0) -> dict:  # a ceiling: the test waits on the reported state
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         stats = await lc.stats(client)
@@ -66,6 +66,29 @@ async def test_a_workspace_is_indexed_in_the_background_and_follows_the_editor(t
             "strategy": "auto", "repoIndexMaxTokens": 100_000}))
         index = (await wait_for(c, lambda s: s["state"] == "ready" and s["files"] == 5))["repo_index"]
         assert index["max_tokens"] == 100_000 and index["tokens"] <= 100_000
+    finally:
+        await c.shutdown_session()
+        await c.stop()
+
+
+async def test_a_uri_with_a_nul_is_served(tmp_path, model_dirs):
+    """Issue #40.14: `%00` in a document's URI is a path no file can have; the completion is served as any other,
+    and the index neither fails on its key nor takes its text."""
+    root = make_repo(tmp_path / "repo", files=2)
+    c = await lc.start(tmp_path, {"target": str(model_dirs[0]), "draft": "", "dtype": "fp32", "strategy": "repo",
+                                  "debounceMs": 0, "maxNewTokens": 8}, workspace=root)
+    try:
+        await lc.wait_ready(c)
+        await wait_for(c, lambda s: s["settled"] and s["files"] == 2)
+        uri = root.as_uri() + "/a%00b.py"
+        lc.open_doc(c, uri, "def add(a, b):\n    \n\nprint(add(1, 2))\n")
+        result = await lc.inline(c, uri, 1, 4, invoked=True)
+        assert len(result.items) == 1 and result.items[0].insert_text
+        counted = await c.workspace_execute_command_async(types.ExecuteCommandParams(
+            command=result.items[0].command.command, arguments=list(result.items[0].command.arguments)))
+        assert lc.plain(counted)["counted"] is True
+        index = (await wait_for(c, lambda s: s["settled"] and s["accepted_refused"] == 1))["repo_index"]
+        assert index["state"] == "ready" and index["errors"] == 0 and index["documents"] == 2
     finally:
         await c.shutdown_session()
         await c.stop()

@@ -57,6 +57,7 @@ class RepoDrafter:
     min_probability: float = 0.2  # stop the chain where its path's frequency falls below this
     markers: PromptMarkers | None = None
     exclude: str | None = None  # key of the document being completed: its own tail is not a prediction
+    vocabulary: object = None  # repo_index.vocabulary_of the session's tokenizer: no match in another's index
     name: str = "repo"
     length: DraftLength = field(default_factory=lambda: DraftLength(k_max=8, draft_cost=0.0, acceptance=0.5))
 
@@ -74,7 +75,7 @@ class RepoDrafter:
 
     def _lookup(self, context: list[int], k: int):
         return self.index.query(left_context(context, self.markers, self.index.depth), self.exclude,
-                                self.min_match, horizon=k)
+                                self.min_match, horizon=k, vocabulary=self.vocabulary)
 
     def observe(self, draft: Draft, accepted: int, draft_seconds: float, target_pass_seconds: float) -> None:
         self.length.observe(len(draft.tokens), accepted, draft_seconds, target_pass_seconds)  # a lookup's cost is measured

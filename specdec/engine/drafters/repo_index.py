@@ -7,6 +7,11 @@ waits for a writer. New documents go into a new small segment; a removed or repl
 masked dead in its segment. Small segments are merged and mostly-dead ones rebuilt, like an
 LSM tree, so no update rebuilds the whole index, and a query visits a bounded number of them.
 
+Stamped: token ids mean something only under the tokenizer that made them. `restamp()` empties the
+index for another tokenizer's ids in the same step that names it, writers say whose ids they add
+(another tokenizer's are refused), and a query that says whose ids it asks with finds nothing in an
+index stamped for another: no draft ever mixes two vocabularies, even while a rebuild runs.
+
 Bounded: at most `max_tokens` token ids are stored, dead ones included (they are compacted
 away first when room is needed); evictable documents (accepted completions) give way oldest
 first; anything else that does not fit is refused and counted.
@@ -31,6 +36,11 @@ MAX_DEPTH = 32  # longest match looked for, in tokens
 MAX_SEGMENTS = 8  # more than this and the two smallest are merged
 SEGMENT_TOKENS = 4_000_000  # merges stop at this size: bounds a merge's time and its transient memory
 MAX_CANDIDATES = 256  # occurrences read for one query (more are sampled evenly)
+
+
+def vocabulary_of(tokenizer) -> tuple:
+    """What names a tokenizer's ids for the index's stamp: its name or path, its size and its kind."""
+    return (getattr(tokenizer, "name_or_path", ""), len(tokenizer), type(tokenizer).__name__)
 
 
 @dataclass
@@ -147,7 +157,9 @@ class RepoIndex:
         self.depth = depth
         self.max_segments = max_segments
         self.segment_tokens = segment_tokens
-        self._segments: tuple[Segment, ...] = ()  # what queries read; replaced whole, never changed
+        self._segments: tuple[Segment, ...] = ()  # the writers' current tuple; replaced whole, never changed
+        self.vocabulary = None  # whose token ids the documents are (vocabulary_of); None: unstamped
+        self._view: tuple[tuple[Segment, ...], object] = ((), None)  # what queries read: segments and their stamp
         self._ids: dict[str, int] = {}  # key -> id of its live document
         self._sizes: dict[str, int] = {}  # key -> tokens of its live document
         self._evictable: OrderedDict[str, None] = OrderedDict()  # oldest first
@@ -161,14 +173,17 @@ class RepoIndex:
         return self.add_many([(key, tokens)], evictable)[0]
 
     def add_many(self, documents: Iterable[tuple[str, Sequence[int] | np.ndarray]],
-                 evictable: bool = False) -> list[bool]:
+                 evictable: bool = False, vocabulary=None) -> list[bool]:
         """Add or replace documents as one new segment (a batch is far cheaper than a segment each).
 
+        vocabulary: whose ids these are; refused whole (all False) unless it is the index's stamp.
         Returns, per document, whether it fit; of two with the same key the later one counts.
         """
         documents = [(key, np.asarray(ids, np.int32)) for key, ids in documents]
         latest = {key: i for i, (key, _) in enumerate(documents)}
         with self._write:
+            if vocabulary is not None and vocabulary != self.vocabulary:
+                return [False] * len(documents)
             segments = self._drop(list(self._segments), set(latest))
             batch, fitted, pending = [], [], 0
             for i, (key, ids) in enumerate(documents):
@@ -215,6 +230,19 @@ class RepoIndex:
                 return True
         self.clear()
         return False
+
+    def restamp(self, vocabulary) -> bool:
+        """The index is for this tokenizer's ids from now on: emptied (in the same published step) if it was
+        stamped otherwise. Returns whether it was."""
+        with self._write:
+            if vocabulary == self.vocabulary:
+                return False
+            self.vocabulary = vocabulary
+            self._ids.clear()
+            self._sizes.clear()
+            self._evictable.clear()
+            self._publish([])
+            return True
 
     def clear(self) -> None:
         with self._write:
@@ -280,6 +308,7 @@ class RepoIndex:
 
     def _publish(self, segments: list[Segment]) -> None:
         self._segments = tuple(segments)
+        self._view = (self._segments, self.vocabulary)  # one assignment: a query never sees a mix
 
     # -- readers (any thread, never blocked by a writer) -------------------------------------------------
     def __contains__(self, key: str) -> bool:
@@ -292,17 +321,21 @@ class RepoIndex:
         return list(self._ids)
 
     def query(self, context: Sequence[int], exclude: str | None = None, min_match: int = 1,
-              limit: int = MAX_CANDIDATES, horizon: int = MAX_DRAFT) -> Continuations | None:
+              limit: int = MAX_CANDIDATES, horizon: int = MAX_DRAFT, vocabulary=None) -> Continuations | None:
         """What followed the longest match (>= min_match tokens) of the context's end, outside document `exclude`.
 
         Occurrences in dead or excluded documents do not count: when every occurrence of the
-        longest match is in one, the next shorter match is used.
+        longest match is in one, the next shorter match is used. vocabulary: whose ids the context is;
+        nothing is found in an index stamped for another tokenizer.
         """
+        segments, stamp = self._view
+        if vocabulary is not None and stamp is not None and vocabulary != stamp:
+            return None
         backwards = list(context[-self.depth :])[::-1]
         if len(backwards) < max(1, min_match):
             return None
         excluded = self._ids.get(exclude, -1) if exclude is not None else -1
-        matches = [(seg, seg.match(backwards)) for seg in self._segments]
+        matches = [(seg, seg.match(backwards)) for seg in segments]
         longest = max((len(ranges) for _, ranges in matches), default=0)
         for length in range(longest, max(1, min_match) - 1, -1):
             spans = [(seg, ranges[length - 1]) for seg, ranges in matches if len(ranges) >= length]
