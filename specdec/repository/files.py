@@ -6,7 +6,11 @@ secret are skipped, each with a reason the report shows. Secrets are never train
 by name (.env, keys, credentials) and by content: detect-secrets' detectors (Yelp's maintained
 set: cloud keys, tokens, webhooks, credentials in URLs, keyword assignments), a few patterns of
 ours it lacks, and an entropy rule for long random-looking string literals; each scan also runs
-over the text with adjacent string literals joined, so `"ghp_abc" + "def"` is one token again.
+over the text with adjacent string literals joined, so `"ghp_abc" + "def"` and `"".join(["ghp_abc",
+"def"])` are one token again. The keyword rule is detect-secrets' own, read as the file's kind asks
+(unquoted values in YAML, TOML, INI, shell and env files, and in every comment), and its
+assignment patterns also run over names it does not list (`*_token`, master and signing keys),
+where the value must look random.
 
 A file with a finding is dropped whole, not redacted: a secret is often more than the line a
 detector flags (a key block's body, a value continued on the next line, a half in another
@@ -59,7 +63,23 @@ SECRET_PATTERNS = {
     "Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"),
     "JWT": re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),
     "npm token": re.compile(r"\bnpm_[A-Za-z0-9]{36}\b"),  # detect-secrets knows only the .npmrc form
+    "Discord webhook": re.compile(r"\bhttps?://(?:(?:ptb|canary)\.)?discord(?:app)?\.com/api/webhooks/\d+/"
+                                  r"[A-Za-z0-9_-]{20,}"),  # detect-secrets knows only bot tokens
 }
+# Secret-sounding names detect-secrets' keyword list lacks; a value assigned to one counts only if it looks
+# random (_random_value), since `token_type = "bearer"` or `cache_key = ...` are ordinary code.
+EXTRA_KEYWORDS = ("token", "master_?key", "signing_?key", "encryption_?key", "hmac_?key", "access_?key",
+                  "session_?key", "credential")
+# Files whose values are written unquoted (`password: x`, `export TOKEN=x`): detect-secrets' config patterns.
+CONFIG_SUFFIXES = (".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf", ".properties", ".env", ".envrc", ".sh",
+                   ".bash", ".zsh", ".ksh", ".fish", ".ps1", ".bat", ".cmd")
+# Where a comment starts: a line's start, or after code (`x = 1  # ...`).
+_COMMENT = re.compile(r"^\s*(?:#|//|--|/\*|\*|;|%|<!--|(?i:rem)\s)|\s(?:#|//|--)\s")
+# A literal list joined with an empty separator: Python `"".join([...])`, JavaScript `[...].join("")`.
+_LITERAL = r"""(?:"[^"\n]*"|'[^'\n]*'|`[^`\n]*`)"""
+_LITERAL_LIST = rf"""((?:\s*{_LITERAL}\s*,)*\s*{_LITERAL}\s*,?\s*)"""
+_JOIN_CALLS = (re.compile(rf"""(?:""|''|``)\s*\.join\(\s*[\[(]{_LITERAL_LIST}[\])]\s*\)"""),
+               re.compile(rf"""\[{_LITERAL_LIST}\]\s*\.join\(\s*(?:""|''|``)\s*\)"""))
 # A string literal whose content is one long base64/hex-alphabet word: a key, token or blob, not code.
 _LITERAL_WORD = re.compile(r"""["'`]([A-Za-z0-9+/_=-]{20,})["'`]""")
 _HEX = re.compile(r"[0-9a-fA-F]+")
@@ -73,7 +93,7 @@ _JOIN = re.compile(r"""["'`][ \t]*(?:\\?\r?\n[ \t]*)?(?:(?:\+|\.\.?|&)[ \t]*(?:\
 _LIBRARY_LOCK = threading.Lock()
 _PLACEHOLDER = re.compile(r"(?i)<[^>]*>?|\$?\{[^}]*\}?|\*+|x+|\.\.\.|pass(?:word|wd)?|secret|changeme")
 # A cheap test for the lines detect-secrets' keyword detector could flag (its DENYLIST words).
-_KEYWORDS = re.compile(r"(?i)key|pass|pwd|secret|contrase")
+_KEYWORDS = re.compile(r"(?i)key|pass|pwd|secret|contrase|token|credential")
 LOCK_FILES = ("package-lock.json", "yarn.lock", "pnpm-lock.yaml", "Cargo.lock", "poetry.lock", "Pipfile.lock",
               "composer.lock", "Gemfile.lock", "go.sum", "uv.lock", "*.lock")
 VENDORED_DIRS = {"node_modules", "vendor", "third_party", "third-party", "external", "dist", "build", ".venv",
@@ -167,15 +187,24 @@ def secret_reason(name: str, text: str) -> str | None:
     """Why the file must never be trained on (or indexed), or None."""
     if any(fnmatch.fnmatch(name.lower(), p) for p in SECRET_NAMES):
         return "secret: file name"
-    joined = _JOIN.sub("", text)
+    joined = _JOIN.sub("", _join_lists(text))
     for view in (text, joined) if joined != text else (text,):
         for label, pattern in SECRET_PATTERNS.items():
             if pattern.search(view):
                 return f"secret: {label}"
-        found = _library_finding(view) or _entropy_finding(view)
+        found = _library_finding(view, name) or _entropy_finding(view)
         if found:
             return f"secret: {found}"
     return None
+
+
+def _join_lists(text: str) -> str:
+    """The text with each literal list joined by an empty separator written as the one literal it makes."""
+    if ".join(" not in text:
+        return text
+    for pattern in _JOIN_CALLS:
+        text = pattern.sub(lambda m: '"' + "".join(re.findall(r"""["'`]([^"'`\n]*)["'`]""", m.group(1))) + '"', text)
+    return text
 
 
 def shannon_entropy(word: str) -> float:
@@ -226,28 +255,80 @@ def _library_detectors() -> tuple:
     return (*regex, KeywordDetector())  # last: run only on lines that name a secret (it is most of the time)
 
 
-def _library_finding(text: str) -> str | None:
-    """The first detect-secrets finding in the text, by line (as the library scans), with its false-positive
-    filters for keyword hits (templated values, ${VAR}, indirect references, sequential or UUID strings)."""
-    from detect_secrets.filters import heuristic
-    from detect_secrets.plugins.keyword import KeywordDetector
+@functools.lru_cache(maxsize=4)
+def _keyword_patterns(extra: bool, config: bool) -> dict:
+    """detect-secrets' keyword patterns (regex -> the value's group): its config set (values may go unquoted) or
+    its quotes-required one; extra: the same patterns over EXTRA_KEYWORDS instead of its own list."""
+    from detect_secrets.plugins import keyword
 
+    patterns = keyword.CONFIG_DENYLIST_REGEX_TO_GROUP if config else keyword.QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP
+    if not extra:
+        return patterns
+    ours, theirs = "(" + "|".join(EXTRA_KEYWORDS) + ")", "(" + "|".join(keyword.DENYLIST) + ")"
+    assert all(theirs in regex.pattern for regex in patterns), "detect-secrets' keyword patterns changed"
+    return {re.compile(regex.pattern.replace(theirs, ours), regex.flags): group for regex, group in patterns.items()}
+
+
+def _random_value(value: str) -> bool:
+    """A key or token rather than a word, a name or a path: one long word of key characters, of two or more
+    character classes, not made of name-sized parts, not a run of the alphabet."""
+    if not re.fullmatch(r"[A-Za-z0-9+/=_.-]{16,}", value) or max(map(len, re.split(r"[/_.-]", value))) < 12:
+        return False
+    classes = sum(bool(re.search(c, value)) for c in ("[a-z]", "[A-Z]", "[0-9]"))
+    return classes >= 2 and shannon_entropy(value) >= 3.0 and not _sequential(value) and \
+        not any(run in value for run in ("abcdefghij", "ABCDEFGHIJ", "0123456789"))
+
+
+def _keyword_secret(value: str, line: str, extra: bool) -> bool:
+    """Whether a keyword pattern's value is a secret, by detect-secrets' false-positive heuristics (templated,
+    ${VAR}, sequential, no letters) and ours for placeholders; an unquoted value (config, comments) is its first
+    word, which must mix letters with digits or symbols and not be a setting's dashed parts. A UUID counts
+    (Heroku's API keys are UUIDs). The library's indirect-reference filter (`password = get_password()`)
+    judges the whole line, which spares `connect(password="...")` too: a quoted literal in such a line counts
+    unless it has no digit (a docstring's `Server(secret="my_secret_key")`)."""
+    from detect_secrets.filters import heuristic
+
+    quoted = any(f"{q}{value}{q}" in line for q in "\"'`")
+    if not quoted:
+        value = value.split()[0] if value.split() else ""
+        mixed = re.search(r"[A-Za-z]", value) and re.search(r"[^A-Za-z]", value)
+        setting = max(map(len, re.split(r"[/_.:-]", value))) < 6  # `password_encryption = scram-sha-256`
+        if not mixed or setting or heuristic.is_indirect_reference(line):
+            return False
+    elif heuristic.is_indirect_reference(line) and not re.search(r"[0-9]", value):
+        return False  # a literal argument of a call: `Server(secret="my_secret_key")` in a docstring is an example
+    if len(value) < 6 or _PLACEHOLDER.fullmatch(value) or heuristic.is_templated_secret(value) \
+            or heuristic.is_prefixed_with_dollar_sign(value) or heuristic.is_sequential_string(value) \
+            or heuristic.is_not_alphanumeric_string(value):
+        return False
+    return _random_value(value) if extra else True
+
+
+def _library_finding(text: str, name: str = "") -> str | None:
+    """The first detect-secrets finding in the text, by line (as the library scans): its regex detectors, then,
+    on lines that name a secret, its keyword patterns (as the file's kind reads them, comments as config) over its
+    own names and EXTRA_KEYWORDS, with the heuristics of _keyword_secret."""
+    config_file = name.lower().endswith(CONFIG_SUFFIXES) or name.lower() in ("dockerfile", "makefile")
     with _LIBRARY_LOCK:  # its plugins keep module-level caches
         detectors = _library_detectors()
         for line in text.splitlines():
             if len(line) > 1000:
                 continue
-            for detector in detectors if _KEYWORDS.search(line) else detectors[:-1]:
+            for detector in detectors[:-1]:
                 for value in detector.analyze_string(line):
-                    if _PLACEHOLDER.fullmatch(value):  # user:<password>@host in documentation
-                        continue
-                    if isinstance(detector, KeywordDetector) and (
-                            len(value) < 6 or heuristic.is_templated_secret(value)
-                            or heuristic.is_prefixed_with_dollar_sign(value) or heuristic.is_indirect_reference(line)
-                            or heuristic.is_sequential_string(value) or heuristic.is_potential_uuid(value)
-                            or heuristic.is_not_alphanumeric_string(value)):
-                        continue
-                    return detector.secret_type
+                    if not _PLACEHOLDER.fullmatch(value):  # user:<password>@host in documentation
+                        return detector.secret_type
+            if not _KEYWORDS.search(line):
+                continue
+            comment = _COMMENT.search(line)
+            views = [(line, config_file)]
+            if comment and not config_file:
+                views.append((line[comment.end() :], True))
+            for view, config in views:
+                for extra in (False, True):
+                    for value in detectors[-1].analyze_string(view, _keyword_patterns(extra, config)):
+                        if value and _keyword_secret(value, view, extra):
+                            return detectors[-1].secret_type
     return None
 
 
