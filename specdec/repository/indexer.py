@@ -309,6 +309,7 @@ class WorkspaceIndexer:
     def _apply(self, documents: dict[str, str | None], tokenizer, vocabulary, count: bool = True) -> None:
         """Re-index edited documents (text) or closed ones (None: from disk); removed where the filter says no."""
         adds: list[tuple[str, str]] = []
+        applied = 0
         for key, text in documents.items():
             if key.endswith(os.sep):  # a closed folder: everything under it goes
                 self.index.remove_many([d for d in self.index.keys() if d.startswith(key)])
@@ -324,10 +325,11 @@ class WorkspaceIndexer:
                 self.index.remove(key)
             else:
                 adds.append((key, text))
-            self.updates += count
+            applied += count
         if adds:
             self.index.add_many(list(zip((k for k, _ in adds), tokenize(tokenizer, [t for _, t in adds]))),
                                 vocabulary=vocabulary)
+        self.updates += applied  # once they are in: a reader of the count sees them in the index
 
     def _accepted_reason(self, key: str | None, text: str) -> str | None:
         """The file filter's rules for an accepted completion's text: those of its whole document (the buffer, or

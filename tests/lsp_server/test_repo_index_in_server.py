@@ -37,8 +37,8 @@ async def test_a_workspace_is_indexed_in_the_background_and_follows_the_editor(t
                                   "debounceMs": 0, "maxNewTokens": 12}, workspace=root)
     try:
         await lc.wait_ready(c)
-        index = (await wait_for(c, lambda s: s["state"] == "ready" and s["files"] == 5))["repo_index"]
-        assert index["skipped"] >= 8 and index["tokens"] > 0 and index["bytes"] > 0 and index["build_seconds"] > 0
+        index = (await wait_for(c, lambda s: s["settled"] and s["files"] == 5))["repo_index"]
+        assert index["state"] == "ready" and index["skipped"] >= 8 and index["tokens"] > 0 and index["bytes"] > 0 and index["build_seconds"] > 0
         assert index["max_tokens"] == 16_000_000 and index["roots"] == [document_key(root)]
 
         uri = (root / "mod_0.py").as_uri()
@@ -49,10 +49,10 @@ async def test_a_workspace_is_indexed_in_the_background_and_follows_the_editor(t
 
         before = index["tokens"]
         lc.insert(c, uri, 0, 0, "def brand_new_helper(x):\n    return x\n" * 40, version=2)  # didChange
-        index = (await wait_for(c, lambda s: s["updates"] == 1))["repo_index"]
+        index = (await wait_for(c, lambda s: s["updates"] == 1 and s["settled"]))["repo_index"]
         assert index["tokens"] > before + 200 and index["documents"] == 5
         c.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
-        index = (await wait_for(c, lambda s: s["updates"] == 2))["repo_index"]  # back to the file on disk
+        index = (await wait_for(c, lambda s: s["updates"] == 2 and s["settled"]))["repo_index"]  # the disk's text
         assert index["tokens"] == before
 
         counted = await c.workspace_execute_command_async(types.ExecuteCommandParams(
@@ -64,7 +64,7 @@ async def test_a_workspace_is_indexed_in_the_background_and_follows_the_editor(t
         await wait_for(c, lambda s: s["state"] == "off")  # no strategy reads it: it stops and frees its memory
         c.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={
             "strategy": "auto", "repoIndexMaxTokens": 100_000}))
-        index = (await wait_for(c, lambda s: s["state"] == "ready" and s["files"] == 5))["repo_index"]
+        index = (await wait_for(c, lambda s: s["settled"] and s["files"] == 5))["repo_index"]
         assert index["max_tokens"] == 100_000 and index["tokens"] <= 100_000
     finally:
         await c.shutdown_session()
@@ -113,7 +113,7 @@ async def test_the_prometheus_endpoint_reports_the_index(tmp_path, model_dirs):
                                   "prometheusPort": port}, workspace=root)
     try:
         await lc.wait_ready(c)
-        index = (await wait_for(c, lambda s: s["state"] == "ready" and s["files"] == 3))["repo_index"]
+        index = (await wait_for(c, lambda s: s["settled"] and s["files"] == 3))["repo_index"]
         assert index["last_build_seconds"] > 0
         assert gauges(port) == {"specdec_repo_index_files": 3.0, "specdec_repo_index_tokens": index["tokens"],
                                 "specdec_repo_index_bytes": index["bytes"],

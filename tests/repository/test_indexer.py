@@ -60,14 +60,17 @@ def test_builds_after_the_tokenizer_then_follows_the_editor(tmp_path, tok, index
 
     edited = root / "mod_1.py"
     indexer.update(edited, "def fresh_name(a, b):\n    return a * b + 17\n")  # didChange: unsaved text
-    wait_until(lambda: continues(indexer.index, tok, "def fresh_name(a, b):\n    return", " a * b + 17"))
+    settle(indexer)
+    assert continues(indexer.index, tok, "def fresh_name(a, b):\n    return", " a * b + 17")
     assert not continues(indexer.index, tok, "def handler_1(quux_1):\n    zorblax.frob", "nicate(quux_1")
 
     indexer.update(edited, f'TOKEN = "{SECRETS[3]}"\ndef fresh_name(a, b):\n    return a * b + 17\n')
-    wait_until(lambda: document_key(edited) not in indexer.index)  # a typed secret takes the file out
+    settle(indexer)
+    assert document_key(edited) not in indexer.index  # a typed secret takes the file out
 
     indexer.revert(edited)  # didClose: the disk's text is the truth again
-    wait_until(lambda: continues(indexer.index, tok, "def handler_1(quux_1):\n    zorblax.frob", "nicate(quux_1"))
+    settle(indexer)
+    assert continues(indexer.index, tok, "def handler_1(quux_1):\n    zorblax.frob", "nicate(quux_1")
     assert indexer.stats()["updates"] == 3
 
     indexer.accepted("x = 1\ndef helper(", "alpha, beta):\n    return alpha - beta\n", root / "mod_2.py")
