@@ -26,6 +26,7 @@ log = logging.getLogger("specdec.server")
 ACCEPT_COMMAND = "specdec.accept"
 FINETUNE_COMMAND = "specdec.finetune"
 STATS_REQUEST = "specdec/stats"
+TRACE_REQUEST = "specdec/trace"  # {"uri": ..., "limit": N}: the pass traces of the document's last N completions
 BINARY_SNIFF = 8192
 PREFIX_WINDOW = 256_000  # characters before the cursor a request carries: far more than any prompt budget uses,
 SUFFIX_WINDOW = 64_000  # and a 10 MB document costs a slice, not a copy the size of the file per keystroke
@@ -445,5 +446,20 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
                 "repo_index": ls.indexer.stats() if ls.indexer is not None else {"state": "off"},
                 "online_adaptation": ls.service.online.status(), "cost_curve": ls.host.cost_curve(),
                 **ls.metrics.summary()}
+
+    @server.feature(TRACE_REQUEST)
+    def trace(ls: SpecdecServer, params=None):
+        """From the first ask on, completions record p and q too (a softmax per pass nobody read before)."""
+        from pygls.exceptions import JsonRpcInvalidParams
+
+        from lsp_server.traces import parse_params
+        from specdec.errors import SpecdecError
+
+        try:
+            uri, limit = parse_params(params)
+        except SpecdecError as exc:
+            raise JsonRpcInvalidParams(str(exc)) from None
+        ls.host.trace_probabilities = True
+        return {"uri": uri, "traces": ls.service.traces.latest(uri, limit)}
 
     return server

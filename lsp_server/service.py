@@ -25,6 +25,7 @@ from lsp_server import source_metrics, syntax
 from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.online import OnlineAdaptation
 from lsp_server.settings import Settings, SettingsError
+from lsp_server.traces import TraceStore
 from specdec.errors import SpecdecError
 from specdec.engine.strategies import needs_draft_model, uses_repo_index
 
@@ -88,6 +89,7 @@ class ModelHost:
         self.progress = ""  # the latest loading step, for the editor's status bar
         self.completer = None
         self.adapter = ""  # name@version of the draft adapter in use, for stats
+        self.trace_probabilities = False  # record p and q in the pass traces: set once a client asks for traces
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-model")
         self._draft_model = None
         self.switchable = None  # SwitchableDraft when per-repository adapters are on
@@ -303,7 +305,7 @@ class ModelHost:
         from specdec.engine.sampling import SamplingConfig
 
         config = GenerationConfig(settings.max_new_tokens, SamplingConfig(settings.temperature, 0, settings.top_p),
-                                  settings.max_draft)
+                                  settings.max_draft, trace=self.trace_probabilities)
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
         stop = syntax.stop_predicate(ctx)
@@ -318,6 +320,8 @@ class ModelHost:
             raise
         finally:
             self.idle.set()
+        if getattr(result, "trace", None) is not None:  # the engine's pass trace (trace.py), for specdec/trace
+            result.trace.adapter = self.adapter
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
     def _exclude_from_index(self, document: str) -> None:
@@ -353,6 +357,7 @@ class CompletionService:
         self.counters = {"cancelled": 0, "superseded": 0, "dropped": 0, "errors": 0}
         self.on_accept: Callable[[Suggestion], None] = lambda suggestion: None  # e.g. index what the user took
         self.online = OnlineAdaptation(host, metrics, settings)  # the draft adapter learns from accepted completions
+        self.traces = TraceStore()  # the pass traces of each document's latest model completions (specdec/trace)
 
     @property
     def settings(self) -> Settings:
@@ -377,6 +382,7 @@ class CompletionService:
         self.last.pop(uri, None)
         self.latest.pop(uri, None)
         self.online.forget(uri)
+        self.traces.forget(uri)
         token = self.running.get(uri)
         if token is not None:
             token.cancel()
@@ -483,6 +489,8 @@ class CompletionService:
         if not done:
             return None
         text, result = generation
+        if getattr(result, "trace", None) is not None:
+            self.traces.add(request.uri, result.trace, self.host.completer.session.tokenizer.decode, text)
         self.cache[key] = text
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)

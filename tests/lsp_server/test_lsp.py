@@ -299,3 +299,30 @@ async def test_switching_strategies_while_completing_answers_every_request(clien
     assert stats["scheduler"]["errors"] == 0 and stats["model"]["state"] == "ready", (stats["scheduler"], switches)
     assert not any(m.type == types.MessageType.Error for m in client.messages)
     assert len((await lc.inline(client, uris[0], 1, 4, invoked=True)).items) == 1
+
+
+async def test_trace_request_returns_the_passes_of_the_documents_last_completions(client, tmp_path):
+    """specdec/trace (issue #44 item 4): the --trace-json shape per completion, newest last; p and q recorded from
+    the first ask on; a closed document's traces are gone; bad params are an error answer, the server goes on."""
+    uri, other = uri_of(tmp_path), uri_of(tmp_path, "b.py")
+    lc.open_doc(client, uri, SOURCE)
+    shown = await lc.inline(client, uri, 1, 4, invoked=True)
+    assert len(shown.items) == 1
+    reply = lc.plain(await client.protocol.send_request_async("specdec/trace", {"uri": uri, "limit": 4}))
+    (trace,) = reply["traces"]
+    assert reply["uri"] == uri and trace["shown"] == shown.items[0].insert_text and trace["strategy"] == "auto"
+    assert tiny.tokenizer().decode(trace["tokens"]) == trace["text"] and "".join(trace["pieces"]) == trace["text"]
+    assert len(trace["passes"]) == trace["summary"]["target_passes"] and trace["passes"][0]["prefill"]
+    assert not trace["probabilities"] and all(p["p"] is None for p in trace["passes"])  # nobody had asked yet
+
+    lc.open_doc(client, other, "def sub(a, b):\n    \n\nprint(sub(1, 2))\nprint(sub(3, 4))\n")
+    assert len((await lc.inline(client, other, 1, 4, invoked=True)).items) == 1
+    (asked,) = lc.plain(await client.protocol.send_request_async("specdec/trace", {"uri": other}))["traces"]
+    assert asked["probabilities"] and all(len(p["p"]) == len(p["q"]) == len(p["tokens"]) for p in asked["passes"])
+    assert len(lc.plain(await client.protocol.send_request_async("specdec/trace", {"uri": uri}))["traces"]) == 1
+
+    with pytest.raises(Exception, match="specdec/trace needs params"):
+        await client.protocol.send_request_async("specdec/trace", {"limit": 2})
+    client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
+    assert lc.plain(await client.protocol.send_request_async("specdec/trace", {"uri": uri}))["traces"] == []
+    assert (await lc.stats(client))["model"]["state"] == "ready"
