@@ -199,7 +199,7 @@ async def wait_for_index(client, timeout: float = 3600.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         index = (await client.protocol.send_request_async("specdec/stats", {})).repo_index
-        if index.state == "ready" and index.files:
+        if index.state == "ready" and index.files and getattr(index, "settled", True):  # everything recorded is in
             return index
         if index.state in ("failed", "off"):
             raise RuntimeError(f"the repository index is {index.state}: {getattr(index, 'last_error', '')}")
