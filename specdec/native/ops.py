@@ -1,11 +1,12 @@
-"""The native forward's row-exact building blocks: RMSNorm, residual add + RMSNorm, SiLU·mul, attention over a
-row's prefix and tree ancestors, argmax, as C++ ops (csrc/) registered under torch.ops.specdec_native.
+"""The native forward's row-exact building blocks: RMSNorm, residual add + RMSNorm, SiLU·mul, RoPE (alone, or with
+the QKV bias and the cache write), attention over a row's prefix and tree ancestors, argmax, as C++ ops (csrc/)
+registered under torch.ops.specdec_native.
 
 Why: a row's output must be a function of that row and the keys it may see, whatever the number of rows in the
 pass, the tree's shape or the prefill chunking, so greedy speculation gives plain greedy's output bit for bit.
 Every op therefore works row by row on 16 fp32 lanes in a fixed order (AVX512: one register; AVX2: two), with
-one fixed tree for each reduction, tails padded into a zeroed 16-lane chunk and an exp of our own; the AVX2 and
-AVX512 paths give the same bits. The instruction set is picked at run time from the CPU (`isa()`);
+one fixed tree for each reduction, tails padded into a zeroed 16-lane chunk and an exp of our own, in IEEE's
+default FP mode whatever the thread set (no flush-to-zero); the AVX2 and AVX512 paths give the same bits. The instruction set is picked at run time from the CPU (`isa()`);
 SPECDEC_NATIVE_ISA=avx2 forces the AVX2 path.
 
 Shapes: n rows, d model width, I intermediate width, Hq query heads, Hk kv heads, D head size, S cache slots.
@@ -110,7 +111,8 @@ def use_isa(name: str):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x f32[n, d], weight f32[d] -> f32[n, d]: weight * (x / sqrt(mean(x²) + eps)), each row on its own."""
+    """x f32[n, d], weight f32[d] -> f32[n, d]: weight * (x * (1 / sqrt(mean(x²) + eps))), each row on its own
+    (Qwen2's and Llama's order of operations)."""
     return _ops().rms_norm(x, weight, eps)
 
 
@@ -170,7 +172,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pre
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits f32[n, V] -> i64[n]: the lowest index among equal maxima (torch.argmax's documented rule,
-    tested for ties in tests/native/test_ops.py)."""
+    tested for ties in tests/native/test_native_ops.py)."""
     return torch.argmax(logits, dim=-1)
 
 
