@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,6 +27,8 @@ def cmd_adapters(args) -> int:
             gain = m.metrics_after.get("total", {}).get("acceptance_rate", 0) - \
                 m.metrics_before.get("total", {}).get("acceptance_rate", 0)
             print(f"{m.name:40} {m.base_draft:28} acceptance {gain:+.3f}  {m.repo_root}")
+        for problem in registry.problems:  # broken entries, skipped: said, not fatal
+            print(f"specdec: skipped {problem}", file=sys.stderr)
     elif args.adapters_cmd == "show":
         print(json.dumps(asdict(registry.get(*_split(args.name))), indent=2))
     elif args.adapters_cmd == "remove":

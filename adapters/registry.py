@@ -30,6 +30,7 @@ from specdec.paths import data_dir
 META = "meta.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_VERSION = re.compile(r"v[0-9]+")
 MAX_UNPACKED = 256 * 1024 * 1024  # an adapter of the 0.5B draft at rank 64 is about 70 MB
 
 
@@ -87,19 +88,28 @@ class Registry:
     def __init__(self, root: Path | None = None):
         self.root = root or data_dir() / "adapters"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.problems: list[str] = []  # one line per entry versions() skipped (unreadable meta.json, bad version)
 
     def _entry(self, repo_key: str, version: str | None = None) -> Path:
         folder = self.root / sanitize(repo_key)
         return folder / sanitize(version) if version else folder
 
     def versions(self, repo_key: str) -> list[AdapterMeta]:
+        """The repository's usable versions, oldest first. An entry whose meta.json does not read or whose
+        version is not its folder's v<number> is skipped, and said in self.problems: one hand-edited or
+        damaged entry must not take the repository's other versions (or its completions) with it."""
         folder = self._entry(repo_key)
         metas = []
         if folder.is_dir():
-            for entry in folder.iterdir():
+            for entry in sorted(folder.iterdir()):
                 if (entry / META).is_file() and not entry.name.startswith("."):
-                    metas.append(self._read(entry))
-        return sorted(metas, key=lambda m: int(m.version.lstrip("v") or 0))
+                    try:
+                        metas.append(self._read(entry, in_registry=True))
+                    except SpecdecError as exc:
+                        problem = f"{exc} (remove it with `specdec adapters remove {folder.name}@{entry.name}`)"
+                        if problem not in self.problems:
+                            self.problems.append(problem)
+        return sorted(metas, key=lambda m: int(m.version[1:]))
 
     def list(self) -> list[AdapterMeta]:
         return [m for key in sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -112,7 +122,7 @@ class Registry:
     def get(self, repo_key: str, version: str | None = None) -> AdapterMeta:
         meta = self.latest(repo_key) if version is None else None
         if version is not None and (self._entry(repo_key, version) / META).is_file():
-            meta = self._read(self._entry(repo_key, version))
+            meta = self._read(self._entry(repo_key, version), in_registry=True)
         if meta is None:
             raise SpecdecError(f"no adapter {repo_key}{'@' + version if version else ''} in the registry")
         return meta
@@ -120,14 +130,18 @@ class Registry:
     def path(self, meta: AdapterMeta) -> Path:
         return self._entry(meta.repo_key, meta.version)
 
-    def _read(self, entry: Path) -> AdapterMeta:
+    def _read(self, entry: Path, in_registry: bool = False) -> AdapterMeta:
+        """An entry's meta.json; in_registry: its version must also be v<number>, the name of its folder."""
         try:
             meta = AdapterMeta(**json.loads((entry / META).read_text()))
         except (OSError, ValueError, TypeError) as exc:
-            raise SpecdecError(f"corrupt adapter metadata in {entry}: {exc}") from None
+            raise SpecdecError(f"corrupt adapter metadata in {entry}: {str(exc).splitlines()[0]}") from None
         text = ("repo_key", "version", "repo_root", "git_remote", "git_commit", "base_draft", "base_draft_hash")
         if not all(isinstance(getattr(meta, f), str) for f in text):
             raise SpecdecError(f"corrupt adapter metadata in {entry}: a name field is not a string")
+        if in_registry and not (_VERSION.fullmatch(meta.version) and meta.version == entry.name):
+            raise SpecdecError(f"corrupt adapter metadata in {entry}: version {meta.version!r} is not its "
+                               f"folder's v<number>")
         return meta
 
     def register(self, adapter_dir: Path, meta: AdapterMeta) -> AdapterMeta:
@@ -135,8 +149,8 @@ class Registry:
         _check_adapter_files(adapter_dir)
         folder = self._entry(meta.repo_key)
         folder.mkdir(parents=True, exist_ok=True)
-        existing = self.versions(meta.repo_key)
-        meta.version = f"v{int(existing[-1].version.lstrip('v')) + 1 if existing else 1}"
+        taken = [int(e.name[1:]) for e in folder.iterdir() if _VERSION.fullmatch(e.name)]  # broken ones too
+        meta.version = f"v{max(taken, default=0) + 1}"
         tmp = Path(tempfile.mkdtemp(prefix=".incoming-", dir=folder))
         try:
             for name in ADAPTER_FILES:
@@ -148,17 +162,22 @@ class Registry:
         return meta
 
     def remove(self, repo_key: str, version: str | None = None) -> list[str]:
-        targets = [self.get(repo_key, version)] if version else self.versions(repo_key)
-        if not targets:
-            raise SpecdecError(f"no adapter {repo_key} in the registry")
-        for meta in targets:
-            trash = self.path(meta).with_name(f".removing-{meta.version}")
-            os.replace(self.path(meta), trash)
+        """Remove one version or all of a repository's, broken entries (unreadable meta.json) included."""
+        folder = self._entry(repo_key)
+        entries = [e for e in (folder.iterdir() if folder.is_dir() else ()) if e.is_dir() and
+                   not e.name.startswith(".") and (version is None or e.name == sanitize(version))]
+        if not entries:
+            raise SpecdecError(f"no adapter {repo_key}{'@' + version if version else ''} in the registry")
+        entries.sort(key=lambda e: (not _VERSION.fullmatch(e.name), int(e.name[1:]) if _VERSION.fullmatch(e.name)
+                                    else 0, e.name))
+        for entry in entries:
+            trash = entry.with_name(f".removing-{entry.name}")
+            os.replace(entry, trash)
             shutil.rmtree(trash)
         folder = self._entry(repo_key)
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
-        return [m.name for m in targets]
+        return [f"{folder.name}@{entry.name}" for entry in entries]
 
     def export(self, repo_key: str, version: str | None, archive: Path) -> Path:
         """Write the adapter as a .tar.gz. A missing destination folder is an error, not created: a mistyped

@@ -102,6 +102,8 @@ class ModelHost:
         self.adapter_error = ""  # why the last broken adapter is not used ("name@version: reason"), for specdec/stats
         self.broken_adapters: frozenset[tuple[str, str]] = frozenset()  # (name@version, draft hash) that failed
         self.on_warning: Callable[[str], None] = lambda message: None  # shown to the user (called on the worker)
+        self._warned: set[str] = set()  # broken registry entries already said (_warn_once)
+        self._warned_lock = threading.Lock()
         self.repo_index = None  # the RepoIndex the repo drafters read (made on first use; a WorkspaceIndexer fills it)
         self._index_lock = threading.Lock()
         self.idle = threading.Event()  # clear while a completion runs: background indexing waits for it
@@ -261,18 +263,38 @@ class ModelHost:
             return None
         from specdec_adapters.registry import Registry, repo_identity
 
-        registry = Registry()
-        stamp = registry.root.stat().st_mtime_ns + sum(p.stat().st_mtime_ns for p in registry.root.iterdir())
-        cached = self._adapter_lookup.get(workspace)
-        if cached and cached[0] == stamp:
-            meta = cached[1]
-            return None if meta is not None and (meta.name, self.draft_hash) in self.broken_adapters else meta
-        meta = registry.latest(repo_identity(Path(workspace))[0])
+        try:
+            registry = Registry()
+            stamp = registry.root.stat().st_mtime_ns + sum(p.stat().st_mtime_ns for p in registry.root.iterdir())
+            cached = self._adapter_lookup.get(workspace)
+            if cached and cached[0] == stamp:
+                meta = cached[1]
+                return None if meta is not None and (meta.name, self.draft_hash) in self.broken_adapters else meta
+            meta = registry.latest(repo_identity(Path(workspace))[0])
+            problems = registry.problems
+        except (SpecdecError, OSError, ValueError) as exc:  # an unreadable registry: the base draft, said once
+            meta, stamp = None, None
+            problems = [f"the adapter registry is unreadable ({str(exc).splitlines()[0] if str(exc) else exc!r})"]
+        for problem in problems:  # a broken entry is skipped: the repository's other versions, else the base draft
+            self._warn_once(problem, f"{problem}; skipped: completions use the repository's other adapter "
+                                     f"versions, or the base draft")
         if meta is not None and meta.base_draft_hash != self.draft_hash:
             log.warning("adapter %s was made for another base draft; not using it", meta.name)
             meta = None
-        self._adapter_lookup[workspace] = (stamp, meta)
+        if stamp is not None:
+            self._adapter_lookup[workspace] = (stamp, meta)
         return None if meta is not None and (meta.name, self.draft_hash) in self.broken_adapters else meta
+
+    def _warn_once(self, key: str, message: str) -> None:
+        """Log and show a broken adapter's message the first time only (adapter_for runs for every request,
+        on the event loop and on the worker)."""
+        with self._warned_lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        self.adapter_error = key
+        log.warning("%s", message)
+        self.on_warning(message)
 
     def _use_adapter(self, workspace: str) -> None:
         """Worker thread: switch the draft's adapter for this request (the draft's KV cache then restarts)."""

@@ -22,7 +22,8 @@ def random_adapter(path, seed: int, **lora):
 
 
 def spoil(adapter: Path, how: str) -> Path:
-    """Issue #30.13's broken weights: garbage bytes, a factor of the wrong shape, NaN values."""
+    """Issue #30.13's broken weights: garbage bytes, a factor of the wrong shape, NaN values; issue #40.13's
+    finite but huge ones (every factor 1e30: the update overflows fp32)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -34,6 +35,8 @@ def spoil(adapter: Path, how: str) -> Path:
     key = sorted(k for k in weights if "lora_A" in k)[0]
     if how == "shape":
         weights[key] = torch.zeros(weights[key].shape[0] + 1, weights[key].shape[1])
+    elif how == "huge":
+        weights = {k: torch.full_like(v, 1e30) for k, v in weights.items()}
     else:
         weights[key][0, 0] = float("nan")
     save_file(weights, weights_file)

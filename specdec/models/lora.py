@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import warnings
 from collections import OrderedDict
@@ -32,13 +33,18 @@ FOLDED_KEPT = 3  # adapters whose folded int8 layers stay built: each is a full 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 _LORA_KEY = re.compile(r"(?P<module>[\w.]+)\.lora_(?P<factor>[AB])\.weight")  # as peft saves them
 MAX_RANK = 1024
+# The largest entry of an adapter's update scaling * B @ A. A trained adapter's stay well under 1 (the draft's
+# weights are O(0.1)); finite factors of 1e30 fold into int8 rows that are the update alone, and the draft's
+# activations then overflow: every draft pass fails (fbgemm: "min should be less than or equal to max").
+MAX_UPDATE = 1e3
 
 
 def check_adapter(folder: Path, modules: dict[str, tuple[int, int]] | None = None) -> None:
     """Refuse, with a one-line SpecdecError, an adapter that would break the draft rather than adapt it.
 
-    Its config must name a rank and target modules; its safetensors must hold only LoRA A/B
-    factors of those modules, in pairs, 2-D, of that rank, finite. With `modules` (LoRA layer
+    Its config must name a rank, a finite lora_alpha and target modules; its safetensors must hold only
+    LoRA A/B factors of those modules, in pairs, 2-D, of that rank, finite, and each pair's update
+    scaling * B @ A within MAX_UPDATE (what folding into int8 survives). With `modules` (LoRA layer
     name -> (in, out) features of the loaded draft) each pair must fit its layer; without it
     (on import, no draft loaded) each kind of module must have one shape throughout. A NaN or
     mis-shaped factor loaded into the draft makes every draft token wrong, or every request
@@ -57,11 +63,15 @@ def check_adapter(folder: Path, modules: dict[str, tuple[int, int]] | None = Non
     ranks = {config.get("r"), *(config.get("rank_pattern") or {}).values()}
     if not all(type(r) is int and 0 < r <= MAX_RANK for r in ranks):
         raise SpecdecError(f"adapter at {folder} has an unusable rank {config.get('r')!r}")
+    alphas = [config.get("lora_alpha", 8), *(config.get("alpha_pattern") or {}).values()]
+    if not all(type(a) in (int, float) and math.isfinite(a) and a >= 0 for a in alphas):
+        raise SpecdecError(f"adapter at {folder} has an unusable lora_alpha {config.get('lora_alpha')!r}")
     targets = config.get("target_modules")
     targets = [targets] if isinstance(targets, str) else targets
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
         raise SpecdecError(f"adapter at {folder} names no target modules")
     shapes: dict[str, dict[str, tuple[int, ...]]] = {}
+    factors_of: dict[str, dict[str, torch.Tensor]] = {}
     try:
         with safe_open(str(folder / ADAPTER_WEIGHTS), framework="pt") as weights:
             for key in weights.keys():
@@ -75,6 +85,7 @@ def check_adapter(folder: Path, modules: dict[str, tuple[int, int]] | None = Non
                 if not bool(torch.isfinite(tensor).all()):
                     raise SpecdecError(f"adapter at {folder}: {key} has NaN or infinite values")
                 shapes.setdefault(match["module"], {})[match["factor"]] = tuple(tensor.shape)
+                factors_of.setdefault(match["module"], {})[match["factor"]] = tensor
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise SpecdecError(f"unreadable adapter weights in {folder}: {str(exc).splitlines()[0]}") from None
     if not shapes:
@@ -94,6 +105,21 @@ def check_adapter(folder: Path, modules: dict[str, tuple[int, int]] | None = Non
         kind = module.rsplit(".", 1)[-1]
         if by_kind.setdefault(kind, (fan_in, fan_out)) != (fan_in, fan_out):
             raise SpecdecError(f"adapter at {folder}: {kind} layers disagree on their shape")
+        scaling = max(alphas) / (math.sqrt(rank_a) if config.get("use_rslora") else rank_a)  # the largest it may be
+        peak = update_peak(factors_of[module]["A"], factors_of[module]["B"], scaling)
+        if peak > MAX_UPDATE:
+            raise SpecdecError(f"adapter at {folder}: {module}'s update reaches {peak:.3g}, beyond what folding "
+                               f"into the int8 draft survives (at most {MAX_UPDATE:g})")
+
+
+def update_peak(a, b, scaling: float) -> float:
+    """max |scaling * B @ A| in float64 (factors of 1e30 overflow fp32), A [r, in], B [out, r], or a bound of it
+    within MAX_UPDATE: max row norm of B * max column norm of A (Cauchy-Schwarz), no product unless past it."""
+    a, b = a.double(), b.double()
+    bound = scaling * float(b.norm(dim=1).max()) * float(a.norm(dim=0).max())
+    if bound <= MAX_UPDATE:
+        return bound
+    return scaling * float((b @ a).abs().max())
 
 
 def ignore_peft_checkpointing_notice() -> None:
@@ -153,9 +179,16 @@ class SwitchableDraft:
                         self.model.delete_adapter(name)
                     raise SpecdecError(f"cannot load adapter at {path}: {str(exc).splitlines()[0]}") from None
                 self.loaded[name] = str(path)
+            try:
+                bases = self._folded(name)
+            except Exception as exc:  # the draft stays as it was; the adapter is forgotten
+                self.unload(name)
+                if isinstance(exc, SpecdecError):
+                    raise
+                raise SpecdecError(f"cannot fold adapter {name} into the int8 draft: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
             self.model.base_model.enable_adapter_layers()
             self.model.set_adapter(name)
-            bases = self._folded(name)
         for layer, base in bases.items():
             layer.base_layer = base
         use_lean_lora(self.model, folded=set(bases))  # LoRA factors only where the base has no adapter folded in
@@ -188,6 +221,8 @@ class SwitchableDraft:
                 linear = copy.deepcopy(original)
                 with torch.no_grad():
                     linear.weight += layer.get_delta_weight(name).to(linear.weight.dtype)
+                if not bool(torch.isfinite(linear.weight).all()):
+                    raise SpecdecError(f"adapter {name} makes non-finite weights when folded into the int8 draft")
                 folded[layer] = Int8Linear(linear)
             self.folded[name] = folded
         self.folded.move_to_end(name)
