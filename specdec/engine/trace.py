@@ -270,11 +270,12 @@ class Trace:
 
 def token_pieces(tokens: list[int], decode) -> list[str]:
     """Each token's share of the decoded text (joined, they are decode(tokens)): a byte-level token that ends
-    inside a character gets "" and the one that completes it the character."""
+    inside a character gets "" and the one that completes it the character (as streaming detokenizers hold back
+    a trailing U+FFFD; an invalid byte inside the text stays U+FFFD, and is the token's that is followed)."""
     pieces, before = [], ""
     for i in range(len(tokens)):
         text = decode(tokens[: i + 1])
-        if text.startswith(before) and "\ufffd" not in text[len(before):]:
+        if text.startswith(before) and not text.endswith("\ufffd"):
             pieces.append(text[len(before):])
             before = text
         else:

@@ -99,3 +99,28 @@ def test_no_colour_off_a_terminal_or_under_no_color(monkeypatch):
     assert wants_colour(Tty()) and not wants_colour(object())
     monkeypatch.setenv("NO_COLOR", "1")
     assert not wants_colour(Tty())
+
+
+def test_the_vscode_views_fixture_is_this_recorded_trace():
+    """vscode-client's speculation view is tested on the same trace (src/test/fixtures/trace.json): kept in step."""
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[2] / "vscode-client" / "src" / "test" / "fixtures" / "trace.json"
+    trace = recorded()
+    trace.probabilities = True
+    assert json.loads(fixture.read_text()) == json.loads(json.dumps(trace.as_dict(decode)))
+
+
+def test_pieces_hold_a_split_character_back_and_never_stall_on_an_invalid_byte():
+    """Byte-level tokens: a character split over two tokens goes to the second; an invalid byte (a random model
+    emits them) is U+FFFD in the text and must not swallow every later token into the last piece."""
+    from specdec.engine.trace import token_pieces
+
+    raw = {1: b"a", 2: "é".encode()[:1], 3: "é".encode()[1:], 4: b"\xff", 5: b"b", 6: b"c"}
+
+    def decode_bytes(ids):
+        return b"".join(raw[i] for i in ids).decode("utf-8", errors="replace")
+
+    assert token_pieces([1, 2, 3, 5], decode_bytes) == ["a", "", "é", "b"]
+    assert token_pieces([1, 4, 5, 6], decode_bytes) == ["a", "", "\ufffdb", "c"]
+    assert token_pieces([1, 2], decode_bytes) == ["a", "\ufffd"]  # cut inside a character: the rest goes last
