@@ -66,7 +66,7 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
         ["node", "out/test/e2e/run.js", "--vsix", str(vsix), "--workspace", str(workspace), "--file", "demo.py",
          "--line", "2", "--column", "5", "--type", "r", "--settings", str(settings), "--screenshot", str(screenshot),
          # [s]: the pattern must not match the driver's own command line
-         "--toggle", "--finetune", "--kill-server", f"[s]pecdec.cli serve --log-file {log}",
+         "--speculation", "--toggle", "--finetune", "--kill-server", f"[s]pecdec.cli serve --log-file {log}",
          # each of the driver's waits is on a state the editor or the server shows; its ceiling (and this
          # run's) only ends a stuck run: a busy machine may take minutes. code-server, its extension host
          # and our server carry the test's mark and are ended after it whatever happens (conftest)
@@ -82,6 +82,16 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
     assert screenshot.stat().st_size > 10_000
     # the stats view got the server's data
     assert "python" in result["stats"]["table"] and result["stats"]["charts"] == 5  # 4 + acceptance per drafter source
+    # "Show speculation of the last completion" drew the passes of the last completion of demo.py, tokens coloured
+    # by what produced them; a new completion redrew it by itself, with p and q (recorded once a client asked)
+    first, redrawn = result["speculation"]["first"], result["speculation"]["redrawn"]
+    assert first["passes"] >= 1 and "p and q from the next completion on" in first["header"]
+    kinds = {"draft", "lookup", "index", "bonus", "correction", "plain", "rejected"}
+    for view in (first, redrawn):
+        assert view["runs"] and {run[0].split()[0] for run in view["runs"]} <= kinds, view
+        assert view["header"].startswith("auto · draft adapter none · ")
+    assert "p and q from the next completion on" not in redrawn["header"]
+    assert (screenshots / "vscode-ghost-text-speculation.png").stat().st_size > 10_000
     # the server was killed: the user was told, a new server came up, and the status bar is live again
     assert result["restart"]["warning"] == "specdec: the completion server stopped; restarting it."
     assert re.search("specdec ready|accepted", result["restart"]["status"])

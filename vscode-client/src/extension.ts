@@ -13,6 +13,7 @@ import {
 import {
   SpecdecConfig, ServerStats, becameReady, configFrom, initializationOptions, serverCommand, statusText,
 } from "./settings";
+import { speculationHtml } from "./speculationView";
 import { statsHtml } from "./statsView";
 
 const POLL_MS = 3000;
@@ -22,6 +23,8 @@ let client: LanguageClient | undefined;
 let status: vscode.StatusBarItem;
 let lastStats: ServerStats | undefined;
 let statsPanel: vscode.WebviewPanel | undefined;
+let speculationPanel: vscode.WebviewPanel | undefined;
+let speculationUri: string | undefined;  // the document whose completions the speculation view draws
 let restarts: number[] = [];
 let lastLanguage: string | undefined;
 let typedWhileNotReady = false;  // the active document was edited while the server could not complete
@@ -41,6 +44,17 @@ function createClient(output: vscode.LogOutputChannel): LanguageClient {
     outputChannel: output,
     // the server re-reads these on workspace/didChangeConfiguration (section "specdec")
     synchronize: { configurationSection: "specdec" },
+    middleware: {
+      // a completion shown while the speculation view is open: draw its passes
+      provideInlineCompletionItems: async (document, position, context, token, next) => {
+        const result = await next(document, position, context, token);
+        const items = Array.isArray(result) ? result : result?.items;
+        if (speculationPanel && items?.length) {
+          void refreshSpeculation(client?.code2ProtocolConverter.asUri(document.uri));
+        }
+        return result;
+      },
+    },
     errorHandler: {
       error: () => ({ action: ErrorAction.Continue }),
       closed: () => {
@@ -104,6 +118,35 @@ function showStats(context: vscode.ExtensionContext): void {
   void pollStats();
 }
 
+/** Asks the server for the last completion's trace of the document (`specdec/trace`) and draws it. */
+async function refreshSpeculation(uri?: string): Promise<void> {
+  speculationUri = uri ?? speculationUri;
+  if (!speculationPanel || !speculationUri || !client || client.state !== State.Running) {
+    return;
+  }
+  try {
+    const reply = await client.sendRequest("specdec/trace", { uri: speculationUri, limit: 1 });
+    void speculationPanel?.webview.postMessage(reply);
+  } catch {
+    // a server from before specdec/trace, or one restarting: the view keeps what it shows
+  }
+}
+
+function showSpeculation(context: vscode.ExtensionContext): void {
+  const editor = vscode.window.activeTextEditor ?? vscode.window.visibleTextEditors[0];
+  const uri = editor && client ? client.code2ProtocolConverter.asUri(editor.document.uri) : undefined;
+  if (speculationPanel) {
+    speculationPanel.reveal(vscode.ViewColumn.Beside, true);
+  } else {
+    speculationPanel = vscode.window.createWebviewPanel("specdecSpeculation", "specdec speculation",
+      { viewColumn: vscode.ViewColumn.Beside, preserveFocus: true }, { enableScripts: true, localResourceRoots: [] });
+    speculationPanel.webview.html = speculationHtml(speculationPanel.webview.cspSource);
+    speculationPanel.onDidDispose(() => (speculationPanel = undefined), null, context.subscriptions);
+    speculationPanel.webview.onDidReceiveMessage(() => void refreshSpeculation(), null, context.subscriptions);
+  }
+  void refreshSpeculation(uri);
+}
+
 async function finetuneWorkspace(): Promise<void> {
   const folders = vscode.workspace.workspaceFolders ?? [];
   const folder = folders.length === 1 ? folders[0] :
@@ -148,6 +191,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     client.onDidChangeState(() => void pollStats()),
     output, status,
     vscode.commands.registerCommand("specdec.showStats", () => showStats(context)),
+    vscode.commands.registerCommand("specdec.showSpeculation", () => showSpeculation(context)),
     vscode.commands.registerCommand("specdec.finetuneWorkspace", finetuneWorkspace),
     vscode.commands.registerCommand("specdec.toggle", async () => {
       const c = vscode.workspace.getConfiguration("specdec");

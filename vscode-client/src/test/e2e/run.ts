@@ -14,9 +14,11 @@ import { parseArgs } from "node:util";
 import { Page, chromium } from "playwright-core";
 
 const USAGE = `node out/test/e2e/run.js --vsix specdec.vsix --workspace DIR --file demo.py --line 2 --column 5
-    --settings settings.json [--type r] [--screenshot ghost.png] [--kill-server PATTERN] [--toggle] [--finetune] [--timeout 900] [--code-server entry.js] [--chromium PATH]
+    --settings settings.json [--type r] [--screenshot ghost.png] [--speculation] [--kill-server PATTERN] [--toggle] [--finetune] [--timeout 900] [--code-server entry.js] [--chromium PATH]
 Runs code-server + headless chromium with the .vsix installed (tools: vscode-client/e2e/install-tools.sh),
-types at line:column, waits for the ghost text, accepts it with Tab, saves, opens the stats view, and with
+types at line:column, waits for the ghost text, accepts it with Tab, saves, opens the stats view; with
+--speculation opens "Show speculation of the last completion", waits for its passes, types for a new completion
+and waits for the view to redraw it (with p and q: recorded once a client asked); with
 --kill-server kills the language server (pkill -f PATTERN; write it so it does not match this command line, e.g.
 "[s]pecdec serve") and waits for the visible restart; with --toggle runs "Toggle completions" and types again
 (no ghost text may appear), then on again; with --finetune runs "Fine-tune draft on this repository" and waits
@@ -118,6 +120,50 @@ async function showStats(page: Page, screenshot: string | undefined): Promise<{ 
   return found;
 }
 
+type SpeculationView = { header: string; passes: number; branched: number; runs: string[][] };
+
+/** The speculation webview's drawing once it shows a completion's passes: header, pass rows, branched passes'
+ * trees, and the completion's runs as [class, text, title]. */
+async function speculationView(page: Page): Promise<SpeculationView | undefined> {
+  for (const frame of page.frames()) {
+    const view = await frame.evaluate(() => {
+      const passes = document.querySelectorAll("#passes tr.pass").length;
+      return passes ? {
+        header: document.getElementById("header")?.textContent ?? "", passes,
+        branched: document.querySelectorAll("#passes tr.branched").length,
+        runs: Array.from(document.querySelectorAll("#completion span"))
+          .map((s) => [s.className, s.textContent ?? "", s.getAttribute("title") ?? ""]),
+      } : undefined;
+    }).catch(() => undefined);
+    if (view) {
+      return view;
+    }
+  }
+  return undefined;
+}
+
+/** "Show speculation of the last completion": waits for the last completion's passes; then types, and waits for
+ * the view to redraw the new completion by itself, p and q recorded (the server records them once asked). */
+async function showSpeculation(page: Page, text: string, screenshot: string | undefined):
+  Promise<{ first: SpeculationView; redrawn: SpeculationView }> {
+  await runCommand(page, "specdec: Show speculation of the last completion");
+  const first = await waitFor("the speculation view to draw the last completion", () => speculationView(page),
+    ceilingMs, 500);
+  await page.click(".editor-instance .monaco-editor .view-lines");
+  await page.keyboard.press("Control+End");
+  await page.keyboard.press("Enter");
+  await page.keyboard.type(text, { delay: 80 });
+  const redrawn = await waitFor("the speculation view to redraw a new completion with p and q", async () => {
+    const view = await speculationView(page);
+    return view && !view.header.includes("p and q from the next completion on") ? view : undefined;
+  }, ceilingMs, 500);
+  if (screenshot) {
+    await page.screenshot({ path: screenshot.replace(/(\.png)?$/, "-speculation.png") });
+  }
+  await page.keyboard.press("Escape");
+  return { first, redrawn };
+}
+
 /** Opens a quick-input box with `key`, enters `query`, waits for the row labelled `row`, picks it. */
 async function quickPick(page: Page, key: string, query: string, row: string, timeout: number): Promise<void> {
   await page.keyboard.press("Escape");
@@ -196,7 +242,7 @@ async function main(): Promise<void> {
       file: { type: "string" }, line: { type: "string", default: "1" }, column: { type: "string", default: "1" },
       settings: { type: "string" }, screenshot: { type: "string" }, timeout: { type: "string", default: "900" },
       chromium: { type: "string", default: "/usr/bin/chromium" }, "kill-server": { type: "string" },
-      toggle: { type: "boolean" }, finetune: { type: "boolean" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
+      toggle: { type: "boolean" }, finetune: { type: "boolean" }, speculation: { type: "boolean" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
     },
   });
   if (values.help) {
@@ -272,11 +318,12 @@ async function main(): Promise<void> {
       return text !== before ? text : undefined;
     }, ceilingMs);
     const stats = await showStats(page, values.screenshot);
+    const speculation = values.speculation ? await showSpeculation(page, values.type!, values.screenshot) : null;
     const restart = values["kill-server"] ? await killServer(page, values["kill-server"]) : null;
     const toggled = values.toggle ? await toggleOff(page, values.type!) : null;
     const finetune = values.finetune ? await finetuneWorkspace(page) : null;
     process.stdout.write(JSON.stringify({ ghost, typed: values.type, before, after, screenshot: values.screenshot ?? null,
-      status: await statusBar(page), stats, restart, toggled, finetune }) + "\n");
+      status: await statusBar(page), stats, speculation, restart, toggled, finetune }) + "\n");
   } catch (err) {
     // what was on screen and what code-server said, for whoever reads the failure
     await page.screenshot({ path: (values.screenshot ?? path.join(os.tmpdir(), "specdec-e2e.png")) + ".failed.png" })
