@@ -18,6 +18,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from lsp_server import syntax
+from lsp_server.documents import ChunkedText, DocumentWorkspace, summary, text_of
 from lsp_server.metrics import MetricsStore
 from lsp_server.service import CompletionRequest, CompletionService, ModelHost
 from lsp_server.settings import Settings, SettingsError
@@ -37,58 +38,9 @@ def uri_path(uri: str) -> str:
     return unquote(parsed.path) if parsed.scheme in ("file", "") else uri
 
 
-def units(char: str, encoding: str) -> int:
-    if encoding == types.PositionEncodingKind.Utf8:
-        return len(char.encode("utf-8", "surrogatepass"))
-    if encoding == types.PositionEncodingKind.Utf32:
-        return 1
-    return 2 if ord(char) > 0xFFFF else 1
-
-
-def line_start(source: str, line: int) -> int:
-    """Offset where 0-based `line` starts, or -1 past the last line.
-
-    Lines are skipped a chunk at a time with str.count (C speed), narrowing the chunk as
-    the target nears: a cursor a million lines into a document costs milliseconds on the
-    event loop instead of a Python loop over every line.
-    """
-    start, left = 0, line
-    for chunk in (1 << 20, 1 << 16, 1 << 12):
-        while left:
-            count = source.count("\n", start, start + chunk)
-            if count >= left or start + chunk >= len(source):
-                break
-            left -= count
-            start += chunk
-    for _ in range(left):
-        newline = source.find("\n", start)
-        if newline < 0:
-            return -1
-        start = newline + 1
-    return start
-
-
-def cursor_offset(source: str, position: types.Position, encoding: str) -> int:
-    """Index into source for an LSP position, clamped to the line's end and the file's end."""
-    start = line_start(source, max(0, position.line))
-    if start < 0:
-        return len(source)
-    end = source.find("\n", start)
-    end = len(source) if end < 0 else end
-    if end > start and source[end - 1] == "\r":
-        end -= 1
-    offset, used = start, 0
-    while offset < end:
-        width = units(source[offset], encoding)
-        if used + width > max(0, position.character):
-            break  # never split a surrogate pair
-        used += width
-        offset += 1
-    return offset
-
-
-def window(source: str, offset: int) -> tuple[str, str]:
-    """Prefix and suffix around the cursor, bounded: a huge document is completed from the text near it.
+def window(source: str | ChunkedText, offset: int) -> tuple[str, str]:
+    """Prefix and suffix around the cursor, bounded: a huge document is completed from the text near it
+    (from a document's ChunkedText, that text is all this reads).
 
     The prefix window starts at a line break on a fixed grid of the document, so its start
     (and the prompt's, and the KV cache built on it) does not move while the user types.
@@ -184,8 +136,8 @@ class SpecdecServer(LanguageServer):
             self.indexer.revert(uri_path(uri))
             return
         document = self.workspace.text_documents.get(uri) or self.workspace.text_documents.get(unquote(uri))
-        if document is not None:
-            self.indexer.update(uri_path(uri), document.source)
+        if document is not None:  # a snapshot: made into one string by the indexer's thread, once it is due
+            self.indexer.update(uri_path(uri), text_of(document))
 
     def _start_prometheus(self, new: Settings) -> None:
         """Start the endpoint a new prometheusPort asks for; SettingsError if it cannot be started."""
@@ -310,15 +262,15 @@ class SpecdecServer(LanguageServer):
         if document is None:
             log.info("no completion: %s is not open", uri)
             return None
-        source = document.source
-        if "\0" in source[:BINARY_SNIFF]:
+        text = text_of(document)
+        if "\0" in text[:BINARY_SNIFF]:
             return None
         encoding = self.server_capabilities.position_encoding or types.PositionEncodingKind.Utf16
-        offset = cursor_offset(source, position, encoding)
+        offset = text.cursor_offset(position, encoding)
         path = uri_path(uri)
         language = syntax.detect_language(document.language_id, uri)
         workspace = self.workspace_for(path)
-        prefix, suffix = window(source, offset)
+        prefix, suffix = window(text, offset)
         request = CompletionRequest(uri, language, workspace, prefix, suffix, invoked,
                                     path=str(Path(path).relative_to(workspace)) if workspace else Path(path).name)
         request.context = self.snippets(uri, language)
@@ -338,7 +290,7 @@ class SpecdecServer(LanguageServer):
         for other_uri, doc in list(self.workspace.text_documents.items())[-8:]:
             if other_uri == uri or syntax.detect_language(doc.language_id, other_uri) != language:
                 continue
-            head = doc.source[:budget]
+            head = text_of(doc)[:budget]
             parts.append(completer.template.file_header.format(path=Path(uri_path(other_uri)).name) + head + "\n")
             if len(parts) == 2:
                 break
@@ -351,6 +303,7 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
     @server.feature(types.INITIALIZE)
     def initialize(ls: SpecdecServer, params: types.InitializeParams):
         ls.loop = asyncio.get_running_loop()
+        ls.protocol._workspace = DocumentWorkspace.replacing(ls.workspace)  # documents kept in chunks
         folders = params.workspace_folders or []
         ls.workspace_roots = [uri_path(f.uri) for f in folders]
         if not folders and params.root_uri:
@@ -445,7 +398,7 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
                 "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune,
                 "repo_index": ls.indexer.stats() if ls.indexer is not None else {"state": "off"},
                 "online_adaptation": ls.service.online.status(), "cost_curve": ls.host.cost_curve(),
-                **ls.metrics.summary()}
+                "documents": summary(ls.workspace.text_documents.values()), **ls.metrics.summary()}
 
     @server.feature(TRACE_REQUEST)
     def trace(ls: SpecdecServer, params=None):

@@ -75,7 +75,7 @@ class WorkspaceIndexer:
         self._roots: list[str] = []
         self._to_build: list[str] = []
         self._pending: dict[str, tuple[float, str | None]] = {}  # key -> (when, text; None: read the disk)
-        self._edited: dict[str, str] = {}  # key -> the editor's text, until the document is closed
+        self._edited: dict[str, object] = {}  # key -> the editor's text (or its snapshot), until the document closes
         self._accepted: list[tuple[str | None, str, bool]] = []  # (document key, text, judged) not yet indexed
         self._kept: OrderedDict[str, str] = OrderedDict()  # accepted documents' key -> text (re-added on a rebuild)
         self._accepted_count = 0
@@ -106,8 +106,11 @@ class WorkspaceIndexer:
                 self._pending[key + os.sep] = (0.0, None)  # a folder's documents leave the index
                 self._cond.notify()
 
-    def update(self, path: str | Path, text: str) -> None:
-        """A document's text changed (didChange, didSave): re-indexed once it has been still `debounce` seconds."""
+    def update(self, path: str | Path, text) -> None:
+        """A document's text changed (didChange, didSave): re-indexed once it has been still `debounce` seconds.
+
+        `text` is a str or an immutable snapshot whose str() is the text (the server's documents): it becomes one
+        string here, in the indexer's thread, once it is due, not on the editor's thread at every keystroke."""
         key = resolved_key(path)
         with self._cond:
             if key is not None and self._root_of(key):
@@ -320,6 +323,8 @@ class WorkspaceIndexer:
             self._pause()
             if text is None:
                 text = self._read(root, key)
+            else:
+                text = str(text)  # a document snapshot (see update)
             reason = document_reason(Path(root), Path(key).relative_to(root), text, self.max_bytes) if text else "gone"
             if reason:
                 self.index.remove(key)
@@ -339,8 +344,7 @@ class WorkspaceIndexer:
             return "outside the workspace"
         rel = Path(key).relative_to(root)
         whole = self._edited.get(key)
-        if whole is None:
-            whole = self._read(root, key)
+        whole = self._read(root, key) if whole is None else str(whole)  # a document snapshot (see update)
         return document_reason(Path(root), rel, whole or text, self.max_bytes) or secret_reason(rel.name, text)
 
     def _add_accepted(self, entries: list[tuple[str | None, str, bool]], tokenizer, vocabulary) -> None:

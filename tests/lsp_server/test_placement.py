@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lsprotocol import types
 
-from lsp_server.server import SUFFIX_WINDOW, create_server, inline_item, line_start, window
+from lsp_server.documents import ChunkedText
+from lsp_server.server import SUFFIX_WINDOW, create_server, inline_item, window
 from lsp_server.service import ModelHost
 from lsp_server.settings import Settings
 from specdec.engine.session import CancelToken, Generation, GenerationStats
@@ -124,6 +125,7 @@ def test_huge_document_window_is_bounded_and_stable_while_typing():
 def test_line_start_skips_lines_in_chunks_exactly_as_one_by_one(pieces, extra):
     """The event loop finds a cursor a million lines down in milliseconds; the answer is the plain loop's."""
     text = "".join(pieces)
+    chunked = ChunkedText.of(text)
     for line in {0, 1, max(0, text.count("\n") + extra), text.count("\n") // 2}:
         start = 0
         for _ in range(line):
@@ -131,4 +133,4 @@ def test_line_start_skips_lines_in_chunks_exactly_as_one_by_one(pieces, extra):
             start = -1 if newline < 0 else newline + 1
             if start < 0:
                 break
-        assert line_start(text, line) == start
+        assert chunked.line_start(line) == start
