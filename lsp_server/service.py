@@ -380,6 +380,7 @@ class CompletionService:
         self.on_accept: Callable[[Suggestion], None] = lambda suggestion: None  # e.g. index what the user took
         self.online = OnlineAdaptation(host, metrics, settings)  # the draft adapter learns from accepted completions
         self.traces = TraceStore()  # the pass traces of each document's latest model completions (specdec/trace)
+        self._syntax = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-syntax")
 
     @property
     def settings(self) -> Settings:
@@ -481,7 +482,7 @@ class CompletionService:
             log.info("no completion for %s: model %s%s", request.uri, self.host.state,
                      f" ({self.host.error})" if self.host.error else "")
             return None
-        ctx = syntax.analyze(request.language, request.prefix, request.suffix)
+        ctx = await self._analyze(request)
         if ctx.in_string_or_comment and not request.invoked:
             return None
 
@@ -521,6 +522,12 @@ class CompletionService:
         while len(self.last) > MAX_DOCUMENTS:
             self.last.popitem(last=False)
         return self._finish(request, text, "model", result)
+
+    async def _analyze(self, request: CompletionRequest) -> syntax.CursorContext:
+        """tree-sitter parses up to 40,000 characters around the cursor (tens of ms in a big document), off the event
+        loop: in one thread of its own, so requests are analysed, and go on, in the order they came."""
+        return await asyncio.get_running_loop().run_in_executor(self._syntax, syntax.analyze, request.language,
+                                                                request.prefix, request.suffix)
 
     async def _generate(self, request, ctx, settings, number):
         from specdec.engine.session import CancelToken

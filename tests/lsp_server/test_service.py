@@ -1,6 +1,7 @@
 """Scheduling without a model: cache, type-ahead, debounce, supersession, cancellation, failures."""
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -140,6 +141,27 @@ async def test_strings_only_when_invoked_and_disabled_languages(tmp_path):
     assert await svc.complete(in_string) is not None
     svc.settings = svc.settings.update({"languages": ["go"]})
     assert await svc.complete(request(prefix="y = ")) is None
+
+
+async def test_the_syntax_is_read_off_the_event_loop_in_arrival_order(tmp_path, monkeypatch):
+    """tree-sitter over a big document's window takes tens of ms: never on the event loop's thread, and requests
+    still go on in the order they came (the older one is superseded by the newer, not the other way round)."""
+    from lsp_server import service as service_module
+
+    analysed, analyze = [], service_module.syntax.analyze
+
+    def spy(language, prefix, suffix):
+        analysed.append((threading.current_thread() is threading.main_thread(), prefix))
+        time.sleep(0.05 if prefix.endswith("r") else 0)  # the older request's analysis is the slower one
+        return analyze(language, prefix, suffix)
+
+    monkeypatch.setattr(service_module.syntax, "analyze", spy)
+    svc = service(tmp_path, debounce_ms=50)
+    old = asyncio.ensure_future(svc.complete(request(prefix="def add(a, b):\n    r")))
+    await asyncio.sleep(0.01)
+    new = await svc.complete(request(prefix="def add(a, b):\n    re"))
+    assert await old is None and new is not None and svc.counters["superseded"] == 1
+    assert analysed == [(False, "def add(a, b):\n    r"), (False, "def add(a, b):\n    re")]
 
 
 async def test_acceptance_is_counted_once_per_suggestion(tmp_path):
