@@ -126,10 +126,11 @@ def split(text: str, work: Work) -> list[Chunk]:
 class ChunkedText:
     """Immutable text in chunks, with running totals per chunk (characters, line breaks, code units).
 
-    Reads like a str where the server needs one: len(), slices, find(); str() joins it (once, cached).
+    Reads like a str where the server needs one: len(), slices, find(); str() joins it (a copy: only where the
+    whole text is wanted, off the event loop).
     """
 
-    __slots__ = ("chunks", "ends", "newlines", "breaks", "utf16", "utf8", "work", "_string")
+    __slots__ = ("chunks", "ends", "newlines", "breaks", "utf16", "utf8", "work")
 
     def __init__(self, chunks: list[Chunk], work: Work):
         self.chunks = chunks
@@ -139,7 +140,6 @@ class ChunkedText:
         self.utf16 = list(accumulate(c.utf16 for c in chunks))
         self.utf8 = list(accumulate(c.utf8 for c in chunks))
         self.work = work
-        self._string: str | None = None
 
     @classmethod
     def of(cls, text: str, work: Work | None = None) -> ChunkedText:
@@ -151,14 +151,7 @@ class ChunkedText:
         return self.ends[-1] if self.ends else 0
 
     def __str__(self) -> str:
-        if self._string is None:
-            self._string = "".join(c.text for c in self.chunks)
-        return self._string
-
-    def __eq__(self, other) -> bool:
-        return str(self) == (str(other) if isinstance(other, ChunkedText) else other)
-
-    __hash__ = None
+        return "".join(c.text for c in self.chunks)
 
     def _start(self, index: int) -> int:
         return self.ends[index - 1] if index else 0
@@ -176,8 +169,6 @@ class ChunkedText:
         if stop <= start:
             return ""
         self.work.read += stop - start
-        if self._string is not None:
-            return self._string[start:stop]
         chunk = bisect_right(self.ends, start)
         base, parts = self._start(chunk), []
         while base < stop:
