@@ -159,7 +159,7 @@ class ModelHost:
                 adapters = settings.adapters and needs_draft
                 pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
                                  "none" if adapters else settings.draft_quant, target_quant=settings.target_quant,
-                                 int4_kernel=settings.int4_kernel)
+                                 int4_kernel=settings.int4_kernel, forward=settings.forward)
                 report_and_keep("building session", 90)
                 draft_model = pair.draft.model if pair.draft else None
                 switchable, draft_hash = None, self.draft_hash

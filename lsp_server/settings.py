@@ -17,7 +17,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompts.fim import TEMPLATES
 from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS, REPO_INDEX_MAX_TOKENS, REPO_INDEX_TOKENS_LIMIT
-from specdec.models.choices import DRAFT_QUANT, DTYPES, INT4_KERNELS, TARGET_QUANT
+from specdec.models.choices import DRAFT_QUANT, DTYPES, FORWARDS, INT4_KERNELS, TARGET_QUANT
 from specdec.engine.strategies import STRATEGIES
 
 FIM_FAMILIES = ("", *TEMPLATES)  # "": detect from the tokenizer
@@ -73,6 +73,13 @@ class Settings:
                                             "w4a8": "specdec's AVX512-VNNI kernel; an error where it cannot run.",
                                             "aten": "PyTorch's int4 CPU kernel, bf16 activations."},
                                reload=True)
+    forward: str = setting("auto", "The target's forward: native is specdec's own (a Qwen2 GGUF on CPU, read straight "
+                           "from the file; greedy speculation bit-exact), transformers the transformers model.",
+                           choices=FORWARDS,
+                           choice_docs={"auto": "native where it can run, else transformers.",
+                                        "native": "specdec's own forward; an error where it cannot run.",
+                                        "transformers": "the transformers model, as before."},
+                           reload=True)
     max_new_tokens: int = setting(64, "Tokens per completion at most.", min=1, max=MAX_NEW_TOKENS)
     max_draft: int = setting(8, "Drafted tokens per target pass at most.", min=1, max=MAX_DRAFT)
     temperature: float = setting(0.0, "Sampling temperature; 0 is greedy.", min=0.01, max=5.0, zero=True)

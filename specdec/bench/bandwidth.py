@@ -35,7 +35,9 @@ def machine_bandwidth(megabytes: int = 256, repeats: int = 5) -> dict:
 
 def weight_bytes(model) -> int:
     """Bytes of weights one decoding step reads: every parameter and buffer once (tied ones once), except
-    the int4 layers' dense copies, which only a long prefill uses."""
+    the int4 layers' dense copies, which only a long prefill uses. A native model counts its own."""
+    if callable(getattr(model, "nbytes", None)):
+        return model.nbytes()
     from specdec.models.int4 import Int4Linear
 
     skip = {id(m.dense) for m in model.modules() if isinstance(m, Int4Linear) and m.dense is not None}

@@ -112,7 +112,7 @@ def load_mode(target: str, mode: str):
     if int8 not in ("", "aten8"):
         raise ValueError(f"unknown int8 kernel suffix {int8!r} in {mode!r} (aten8)")
     with mock.patch.dict(os.environ, {"SPECDEC_W8A8": "0"} if int8 == "aten8" else {}):
-        return load_pair(target, None, target_quant=quant, int4_kernel=kernel or "auto")
+        return load_pair(target, None, target_quant=quant, int4_kernel=kernel or "auto", forward="transformers")
 
 
 def model_steps(target: str, mode: str, context: int = 256, reps: int = 5) -> dict:

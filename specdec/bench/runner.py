@@ -151,9 +151,15 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str]) ->
     needs_draft = any(s == "hf-assisted" or needs_draft_model(s) for s in strategies)
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
                      device=args.device, adapter=args.adapter, target_quant=args.target_quant,
-                     int4_kernel=args.int4_kernel)
+                     int4_kernel=args.int4_kernel, forward=getattr(args, "forward", "auto"))
     target, tokenizer = pair.target.model, pair.target.tokenizer
-    int4_kernel = int4_kernel_in_use(target)  # what --int4-kernel resolved to ("" without int4 layers)
+    if not hasattr(target, "generate") and any(s in HF for s in strategies):
+        from specdec.errors import SpecdecError
+
+        raise SpecdecError(f"{', '.join(s for s in strategies if s in HF)} run transformers' generate; the target is "
+                           f"on the native forward: add --forward transformers")
+    # what --int4-kernel resolved to ("" without int4 layers; "native" on the native forward)
+    int4_kernel = getattr(target, "kernels", "") or int4_kernel_in_use(target)
     draft = pair.draft.model if pair.draft else None
     from specdec.bench.bandwidth import file_bytes, machine_bandwidth, weight_bytes
 

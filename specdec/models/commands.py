@@ -7,7 +7,7 @@ import json
 
 from specdec.hardware import DEVICES, is_device
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, KNOWN_MODELS
-from specdec.models.choices import DRAFT_QUANT, DTYPES, INT4_KERNELS, TARGET_QUANT
+from specdec.models.choices import DRAFT_QUANT, DTYPES, FORWARDS, INT4_KERNELS, TARGET_QUANT
 
 
 def device_arg(value: str) -> str:
@@ -38,6 +38,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="--target-quant int4's matmul: w4a8 = specdec's AVX512-VNNI kernel (int8 activations; "
                         "compiled once per machine), aten = PyTorch's int4 kernel (bf16 activations), auto = w4a8 "
                         "where it builds and runs, else aten (default)")
+    p.add_argument("--forward", choices=FORWARDS, default="auto",
+                   help="the target's forward: native = specdec's own (a Qwen2 GGUF on CPU read straight from the "
+                        "file; greedy speculation bit-exact), transformers = the transformers model, auto = native "
+                        "where it can run, else transformers (default)")
     p.add_argument("--adapter", help="a LoRA adapter directory for the draft")
     add_device_arg(p)
 

@@ -28,9 +28,10 @@ class LoadedModel:
 
     @property
     def weight_hash(self) -> str:
-        """A cheap identity of the weights: hash of the safetensors index/metadata sizes."""
+        """A cheap identity of the weights: hash of the safetensors (or the GGUF a native model reads) names,
+        sizes and first megabyte."""
         digest = hashlib.sha256()
-        for f in sorted(self.path.glob("*.safetensors")):
+        for f in [self.path] if self.path.is_file() else sorted(self.path.glob("*.safetensors")):
             digest.update(f.name.encode())
             digest.update(str(f.stat().st_size).encode())
             with open(f, "rb") as fh:
@@ -83,7 +84,7 @@ class ModelPair:
         from specdec.models.int4 import kernels_in_use
 
         model = self.target.model
-        kernel = kernels_in_use(model) if self.target_quant != "none" else ""
+        kernel = getattr(model, "kernels", None) or (kernels_in_use(model) if self.target_quant != "none" else "")
         return {"model": f"{self.target.spec}@{self.target.weight_hash}", "dtype": str(model.dtype),
                 "quantization": f"{self.target_quant}:{kernel}" if kernel else self.target_quant,
                 "device": str(model.device)}
@@ -91,12 +92,20 @@ class ModelPair:
 
 def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", draft_quant: str = "int8",
               device: str | None = None, adapter: str | None = None, target_quant: str = "none",
-              int4_kernel: str = "auto") -> ModelPair:
+              int4_kernel: str = "auto", forward: str = "auto") -> ModelPair:
     """Target as asked (quantized per target_quant, one of TARGET_QUANT; int4 layers on int4_kernel, one of
-    INT4_KERNELS); draft checked against the target's tokenizer, its adapter applied, then quantized.
-    The pair's target_quant is the mode applied (auto resolved)."""
-    target = load(target_spec, dtype, device)
-    target_quant = quantize_target(target, target_quant, dtype, int4_kernel)
+    INT4_KERNELS; on the forward `forward` picks, one of FORWARDS: specdec.native.loading.choose); draft checked
+    against the target's tokenizer, its adapter applied, then quantized. The pair's target_quant is the mode
+    applied (auto resolved; a native target serves the GGUF's codes: int4)."""
+    from specdec.native.loading import choose, load_native
+
+    gguf = choose(forward, target_spec, torch_device(device), target_quant)
+    if gguf is not None:
+        model, tokenizer = load_native(target_spec, gguf)
+        target, target_quant = LoadedModel(spec=target_spec, path=gguf, model=model, tokenizer=tokenizer), "int4"
+    else:
+        target = load(target_spec, dtype, device)
+        target_quant = quantize_target(target, target_quant, dtype, int4_kernel)
     if not draft_spec:
         return ModelPair(target, None, target_quant)
     return ModelPair(target, load_draft(draft_spec, target, dtype, draft_quant, device, adapter), target_quant)

@@ -23,7 +23,7 @@ def load_completer(args, strategy: str, repo: str | None = None, exclude: str | 
     pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
                      device=getattr(args, "device", None), adapter=getattr(args, "adapter", None),
                      target_quant=getattr(args, "target_quant", "auto"),
-                     int4_kernel=getattr(args, "int4_kernel", "auto"))
+                     int4_kernel=getattr(args, "int4_kernel", "auto"), forward=getattr(args, "forward", "auto"))
     draft_model = pair.draft.model if pair.draft else None
     tokenizer = pair.target.tokenizer
     index = None

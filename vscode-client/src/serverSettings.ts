@@ -9,6 +9,7 @@ export interface ServerSettings {
   draftQuant: string;
   targetQuant: string;
   int4Kernel: string;
+  forward: string;
   maxNewTokens: number;
   maxDraft: number;
   temperature: number;
@@ -40,6 +41,7 @@ export const SERVER_DEFAULTS: ServerSettings = {
   draftQuant: "int8",
   targetQuant: "auto",
   int4Kernel: "auto",
+  forward: "auto",
   maxNewTokens: 64,
   maxDraft: 8,
   temperature: 0.0,
@@ -71,6 +73,7 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "draftQuant",
   "targetQuant",
   "int4Kernel",
+  "forward",
   "maxNewTokens",
   "maxDraft",
   "temperature",

@@ -1,0 +1,102 @@
+"""Whether a model spec runs on the native forward here, and loading it: weights straight from the GGUF (no bf16
+copy, no safetensors conversion), the tokenizer from the cached model directory when one exists, else from the
+GGUF itself (transformers builds it from the file's tokenizer.ggml.* keys without reading a weight)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+from specdec.models.choices import FORWARDS
+
+
+def gguf_of(spec: str) -> Path | None:
+    """The GGUF a spec's weights come from: the file itself, a catalog model's published file, the one a cached
+    conversion remembers; None when there is none."""
+    from specdec.models.store import target_gguf
+
+    return target_gguf(spec)
+
+
+def why_not_native(spec: str, device: str = "cpu", target_quant: str = "auto") -> tuple[str, Path | None]:
+    """('', gguf) when the native forward can serve spec here, else (why not, None)."""
+    from specdec.models import w4a8
+    from specdec.native.gguf_weights import problem
+    from specdec.native.layers import ops_available, ops_unavailable_reason
+
+    if device != "cpu":
+        return f"it runs on the CPU, not {device}", None
+    if target_quant not in ("auto", "int4"):
+        return f"it serves the GGUF's own codes (targetQuant auto or int4), not {target_quant}", None
+    if Path(spec).expanduser().suffix != ".gguf":
+        from specdec.models.catalog import KNOWN_MODELS
+        from specdec.models.store import made_from_gguf, resolve
+
+        if spec not in KNOWN_MODELS:
+            try:
+                if not made_from_gguf(spec, resolve(spec)):
+                    return f"{spec} was not made from a GGUF", None
+            except SpecdecError as exc:
+                return str(exc), None
+    gguf = gguf_of(spec)
+    if gguf is None:
+        return f"no GGUF for {spec}", None
+    why = problem(gguf)
+    if why:
+        return why, None
+    if w4a8.load() is None:
+        return f"W4A8 cannot run here ({w4a8.unavailable_reason()})", None
+    if not ops_available():
+        return f"the native ops cannot run here ({ops_unavailable_reason()})", None
+    return "", gguf
+
+
+def choose(forward: str, spec: str, device: str = "cpu", target_quant: str = "auto") -> Path | None:
+    """The GGUF to load natively, or None for transformers: `forward` is one of FORWARDS; native where it
+    cannot run is an error naming why."""
+    if forward not in FORWARDS:
+        raise SpecdecError(f"unknown forward {forward!r}; use one of {', '.join(FORWARDS)}")
+    if forward == "transformers":
+        return None
+    reason, gguf = why_not_native(spec, device, target_quant)
+    if reason and forward == "native":
+        raise SpecdecError(f"--forward native cannot run {spec}: {reason}")
+    return gguf
+
+
+def tokenizer_for(spec: str, gguf: Path):
+    """The cached model directory's tokenizer where one exists (a pulled catalog model), else the GGUF's."""
+    from transformers import AutoTokenizer
+
+    from specdec.models.catalog import KNOWN_MODELS
+    from specdec.models.store import cache_name
+    from specdec.paths import models_dir
+
+    directory = None
+    if spec in KNOWN_MODELS:
+        directory = models_dir() / cache_name(spec)
+    elif Path(spec).expanduser().is_dir():
+        directory = Path(spec).expanduser()
+    try:
+        if directory is not None and (directory / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(str(directory))
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except (OSError, ValueError, KeyError) as exc:
+        raise SpecdecError(f"cannot build a tokenizer for {spec}: {str(exc).splitlines()[0] if str(exc) else exc}"
+                           ) from None
+
+
+def load_native(spec: str, gguf: Path, capacity: int | None = None):
+    """(NativeModel, tokenizer) for spec's GGUF."""
+    from specdec.native.gguf_weights import read_qwen2
+    from specdec.native.lm import CAPACITY, NativeModel
+    from specdec.native.qwen2 import Qwen2
+
+    started = time.perf_counter()
+    weights = read_qwen2(gguf)
+    model = NativeModel(Qwen2(weights), capacity or CAPACITY)
+    print(f"specdec: {spec} on the native forward ({weights.nbytes() / 2**30:.2f} GiB of weights, "
+          f"{time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+    return model, tokenizer_for(spec, gguf)
