@@ -27,6 +27,7 @@ from specdec.models.gguf_codes import GGUFTensor, Int4Codes, Int8Codes, int8_per
 from specdec.native.layers import Linear
 
 ARCHITECTURES = ("qwen2",)
+CONVERT_ROWS = 4096  # rows dequantized at a time when a matrix is rounded to int8
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,11 @@ def _codes(tensor: GGUFTensor, dense: bool) -> Int4Codes | Int8Codes | torch.Ten
     if not w4a8.tiles(*tensor.shape):
         raise SpecdecError(f"a {tensor.shape[0]}x{tensor.shape[1]} matrix does not fit the W4A8/W8A8 tiles "
                            f"(out % {w4a8.TILE_N}, in % {w4a8.GROUP}): the native forward cannot run this model")
-    return int8_per_channel(tensor.dequantize())
+    # rows a slice at a time (per channel, so exact): the vocabulary's output layer never sits in memory as floats
+    parts = [int8_per_channel(GGUFTensor(tensor.qtype, tensor.data[r : r + CONVERT_ROWS],
+                                         (min(CONVERT_ROWS, tensor.shape[0] - r), tensor.shape[1])).dequantize())
+             for r in range(0, tensor.shape[0], CONVERT_ROWS)]
+    return Int8Codes(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]))
 
 
 def _linear(codes: Int4Codes | Int8Codes | torch.Tensor, bias: torch.Tensor | None) -> Linear:

@@ -146,3 +146,14 @@ def test_bad_trees_and_a_full_cache_get_one_line_errors(model):
         lm.extend_tree(list(range(10, 10 + lm.tree_room + 1)), [ROOT] * (lm.tree_room + 1))
     with pytest.raises(SpecdecError, match="vocabulary"):
         lm.extend([100000])
+
+
+def test_rounding_to_int8_a_slice_of_rows_at_a_time_changes_nothing(monkeypatch):
+    """Per-channel int8 is row by row, so converting a matrix in slices (the load's memory bound) is exact."""
+    kernels_or_skip()
+    from specdec.native import gguf_weights
+
+    tokens = list(range(20, 60))
+    whole = native_model().new_cached_lm().extend(tokens)
+    monkeypatch.setattr(gguf_weights, "CONVERT_ROWS", 48)  # the 384-row output layer in 8 slices
+    assert torch.equal(native_model().new_cached_lm().extend(tokens), whole)
