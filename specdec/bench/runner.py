@@ -149,15 +149,20 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str]) ->
     sources = local_sources(args.files) if args.files else SOURCES
     holes = load_workload(languages, args.holes or 2, sources)
     needs_draft = any(s == "hf-assisted" or needs_draft_model(s) for s in strategies)
-    pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     device=args.device, adapter=args.adapter, target_quant=args.target_quant,
-                     int4_kernel=args.int4_kernel, forward=getattr(args, "forward", "auto"))
-    target, tokenizer = pair.target.model, pair.target.tokenizer
-    if not hasattr(target, "generate") and any(s in HF for s in strategies):
+    forward = getattr(args, "forward", "auto")
+    hf = [s for s in strategies if s in HF]
+    if hf and forward == "native":
         from specdec.errors import SpecdecError
 
-        raise SpecdecError(f"{', '.join(s for s in strategies if s in HF)} run transformers' generate; the target is "
-                           f"on the native forward: add --forward transformers")
+        raise SpecdecError(f"{', '.join(hf)} run transformers' generate, which the native forward lacks: drop them "
+                           f"or use --forward transformers")
+    if hf and forward == "auto":  # the baselines and our strategies on one target, as they always were
+        forward = "transformers"
+        print(f"{', '.join(hf)} asked for: the target runs on transformers (--forward native without them)", flush=True)
+    pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
+                     device=args.device, adapter=args.adapter, target_quant=args.target_quant,
+                     int4_kernel=args.int4_kernel, forward=forward)
+    target, tokenizer = pair.target.model, pair.target.tokenizer
     # what --int4-kernel resolved to ("" without int4 layers; "native" on the native forward)
     int4_kernel = getattr(target, "kernels", "") or int4_kernel_in_use(target)
     draft = pair.draft.model if pair.draft else None
