@@ -301,7 +301,9 @@ def _keyword_secret(value: str, line: str, extra: bool) -> bool:
             or heuristic.is_prefixed_with_dollar_sign(value) or heuristic.is_sequential_string(value) \
             or heuristic.is_not_alphanumeric_string(value):
         return False
-    return _random_value(value) if extra else True
+    # another list's names (`next_token_ == "MarkAttachmentType"`, `tokenizer_type = "GPT2BPETokenizer"`): a key
+    # or token has digits throughout, a class or setting name at most one run of them
+    return _random_value(value) and len(re.findall(r"[0-9]+", value)) >= 2 if extra else True
 
 
 def _library_finding(text: str, name: str = "") -> str | None:

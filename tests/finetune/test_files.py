@@ -147,7 +147,8 @@ BENIGN = {  # near misses of the rules above: ordinary code and config that must
                  'CACHE_KEY = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"\n'
                  'conn = connect(host="db", password=os.environ["DB_PASSWORD"])\n'
                  '# password: must be at least 12 characters long\n'
-                 'app = Server(webhook_secret="my_secret_key")  # as in the docs\n',
+                 'app = Server(webhook_secret="my_secret_key")  # as in the docs\n'
+                 'args["tokenizer_type"] = "GPT2BPETokenizer"\nif next_token_ == "MarkAttachmentType":\n    pass\n',
     "settings.yml": "auth:\n  password_encryption: scram-sha-256\n  token: ${{ secrets.GITHUB_TOKEN }}\n"
                     "  api_key: changeme\n",
     "env.sh": "#!/bin/sh\nexport DATABASE_PASSWORD=$DB_PASSWORD\nexport API_TOKEN=\"${API_TOKEN:-}\"\n",
