@@ -26,9 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=512, help="tokens in the cache before the timed steps")
     p.add_argument("--steps", type=int, default=32, help="timed decode steps (the median is reported)")
     p.add_argument("--verify", type=int, default=0, help="also time a verify pass of this many rows (0: none)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); 1 keeps a shared "
+                   "machine's scheduling out of the figure")
     args = p.parse_args(argv)
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from specdec.engine.cached_lm import as_cached_lm
     from specdec.models.loading import load_pair
