@@ -35,10 +35,10 @@ class InfillRules:
         if tokenizer is None:
             from transformers import AutoTokenizer
 
-            from specdec.models.store import ensure_local, resolve
+            from specdec.models.store import ensure_local, tokenizer_dir
 
             ensure_local(settings.target)
-            tokenizer = AutoTokenizer.from_pretrained(str(resolve(settings.target)))
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(settings.target)))
         stops = fim.stop_token_ids(tokenizer, fim.detect(tokenizer, settings.fim_family or None))
         return cls(tokenizer, frozenset(stops), settings)
 

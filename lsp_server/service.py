@@ -145,7 +145,7 @@ class ModelHost:
             self.state, self.error = "loading", ""
             try:
                 from specdec.prompts.completion import Completer
-                from specdec.models.store import ensure_local
+                from specdec.models.store import conversion_progress, ensure_local
                 from specdec.models.loading import load_pair
                 from specdec.engine.cost_curve import cost_curve_key
                 from specdec.engine.strategies import make_session, needs_cost_curve
@@ -157,9 +157,16 @@ class ModelHost:
                                                                                           share + int(40 * done)))
                 report_and_keep(f"loading target {settings.target}", 85)
                 adapters = settings.adapters and needs_draft
-                pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
-                                 "none" if adapters else settings.draft_quant, target_quant=settings.target_quant,
-                                 int4_kernel=settings.int4_kernel, forward=settings.forward)
+                converted = [85]  # a first load's bf16 conversions (a model transformers runs) report in 85..89
+
+                def converting(message: str, done: float) -> None:
+                    converted[0] = max(converted[0], 85 + int(4 * done))
+                    report_and_keep(message, converted[0])
+
+                with conversion_progress(converting):
+                    pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
+                                     "none" if adapters else settings.draft_quant, target_quant=settings.target_quant,
+                                     int4_kernel=settings.int4_kernel, forward=settings.forward)
                 report_and_keep("building session", 90)
                 draft_model = pair.draft.model if pair.draft else None
                 switchable, draft_hash = None, self.draft_hash

