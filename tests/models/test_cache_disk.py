@@ -216,7 +216,7 @@ def test_the_servers_first_load_reports_the_lazy_conversion_as_progress(catalog_
     store.pull(MODEL)
     host, reports = ModelHost(), []
     settings = Settings().update({"target": MODEL, "strategy": "plain", "dtype": "fp32", "targetQuant": "none",
-                                  "adapters": False})
+                                  "forward": "transformers", "adapters": False})
     host.load(settings, lambda message, percent: reports.append((message, percent)))
     assert host.state == "ready", host.error
     converting = [(message, percent) for message, percent in reports if "convert" in message]
