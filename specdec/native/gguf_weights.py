@@ -96,7 +96,7 @@ class Embedding:
     def __init__(self, path: Path, offset: int, qtype: str, rows: int, width: int):
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        self.qtype, self.rows, self.width = GGMLQuantizationType[qtype], rows, width
+        self.qtype, self.rows, self.width, self.offset = GGMLQuantizationType[qtype], rows, width, offset
         block, size = GGML_QUANT_SIZES[self.qtype]
         self.data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(rows, width // block * size))
 

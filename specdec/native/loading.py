@@ -1,5 +1,5 @@
 """Whether a model spec runs on the native forward here, and loading it: weights straight from the GGUF (no bf16
-copy, no safetensors conversion), the tokenizer from the cached model directory when one exists, else from the
+copy, no safetensors conversion; kept packed in weights_cache after the first start), the tokenizer from the cached model directory when one exists, else from the
 GGUF itself (transformers builds it from the file's tokenizer.ggml.* keys without reading a weight)."""
 
 from __future__ import annotations
@@ -90,12 +90,12 @@ def tokenizer_for(spec: str, gguf: Path):
 
 def load_native(spec: str, gguf: Path, capacity: int | None = None):
     """(NativeModel, tokenizer) for spec's GGUF."""
-    from specdec.native.gguf_weights import read_qwen2
     from specdec.native.lm import CAPACITY, NativeModel
     from specdec.native.qwen2 import Qwen2
+    from specdec.native.weights_cache import read_qwen2_cached
 
     started = time.perf_counter()
-    weights = read_qwen2(gguf)
+    weights = read_qwen2_cached(gguf)
     model = NativeModel(Qwen2(weights), capacity or CAPACITY)
     print(f"specdec: {spec} on the native forward ({weights.nbytes() / 2**30:.2f} GiB of weights, "
           f"{time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)

@@ -1,0 +1,72 @@
+"""The native weights cache: a second start maps the stored weights instead of converting the GGUF and computes
+the same bits; a damaged file is a warning and a rebuild; another GGUF's content makes the file stale; a cache
+that cannot be written costs nothing but the next start's conversion."""
+
+import pytest
+import torch
+from native_models import hf_model, kernels_or_skip
+
+from gguf_files import write_qwen2_gguf
+from specdec.native import gguf_weights, weights_cache
+from specdec.native.lm import NativeModel
+from specdec.native.qwen2 import Qwen2
+
+TOKENS = list(range(30, 70))
+
+
+def logits(weights) -> torch.Tensor:
+    return NativeModel(Qwen2(weights), 128).new_cached_lm().extend(TOKENS)
+
+
+@pytest.fixture
+def gguf(tmp_path):
+    kernels_or_skip()
+    path = tmp_path / "tiny.gguf"
+    write_qwen2_gguf(hf_model(), path, types={"blk.1.attn_v": "Q8_0"}, tied=True)
+    return path
+
+
+def conversions(monkeypatch) -> list:
+    calls = []
+    real = weights_cache.read_qwen2
+    monkeypatch.setattr(weights_cache, "read_qwen2", lambda path: calls.append(path) or real(path))
+    return calls
+
+
+def test_a_second_start_maps_the_stored_weights(gguf, monkeypatch):
+    calls = conversions(monkeypatch)
+    first = logits(weights_cache.read_qwen2_cached(gguf))
+    assert len(calls) == 1 and weights_cache.cache_path(gguf).is_file()
+    again = weights_cache.read_qwen2_cached(gguf)
+    assert len(calls) == 1  # nothing converted
+    assert torch.equal(logits(again), first)
+    assert torch.equal(first, logits(gguf_weights.read_qwen2(gguf)))
+
+
+def test_a_damaged_file_is_a_warning_and_a_rebuild(gguf, monkeypatch):
+    calls = conversions(monkeypatch)
+    first = logits(weights_cache.read_qwen2_cached(gguf))
+    path = weights_cache.cache_path(gguf)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        rebuilt = weights_cache.read_qwen2_cached(gguf)
+    assert len(calls) == 2 and torch.equal(logits(rebuilt), first)
+    assert torch.equal(logits(weights_cache.read_qwen2_cached(gguf)), first) and len(calls) == 2
+
+
+def test_another_gguf_at_the_same_path_makes_the_file_stale(gguf, monkeypatch):
+    calls = conversions(monkeypatch)
+    weights_cache.read_qwen2_cached(gguf)
+    write_qwen2_gguf(hf_model(seed=5), gguf, types={"blk.1.attn_v": "Q8_0"}, tied=True)
+    fresh = weights_cache.read_qwen2_cached(gguf)
+    assert len(calls) == 2 and torch.equal(logits(fresh), logits(gguf_weights.read_qwen2(gguf)))
+
+
+def test_a_cache_that_cannot_be_written_costs_only_time(gguf, monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(weights_cache.torch, "save", refuse)
+    weights = weights_cache.read_qwen2_cached(gguf)
+    assert "cannot write the native weights cache" in caplog.text
+    assert torch.equal(logits(weights), logits(gguf_weights.read_qwen2(gguf)))
