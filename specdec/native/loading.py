@@ -43,7 +43,9 @@ def why_not_native(spec: str, device: str = "cpu", target_quant: str = "auto") -
     gguf = gguf_of(spec)
     if gguf is None:
         return f"no GGUF for {spec}", None
-    why = problem(gguf)
+    from specdec.native.weights_cache import holds
+
+    why = "" if holds(gguf) else problem(gguf)  # a converted GGUF was checked when it was converted
     if why:
         return why, None
     if w4a8.load() is None:

@@ -71,6 +71,20 @@ def read_qwen2_cached(gguf: Path | str) -> Qwen2Weights:
     return weights
 
 
+def holds(gguf: Path | str) -> bool:
+    """Whether the cache holds this GGUF's conversion (its key matches): the GGUF was a model the native forward
+    runs, so a start need not parse its metadata again (gguf's reader takes seconds over a 150k-token vocabulary)."""
+    gguf = Path(gguf)
+    try:
+        path = cache_path(gguf)
+        if not path.is_file():
+            return False
+        saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return saved.get("key") == json.dumps(cache_key(gguf), sort_keys=True)
+    except Exception:  # noqa: BLE001 - an unreadable cache holds nothing
+        return False
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

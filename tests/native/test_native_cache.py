@@ -70,3 +70,11 @@ def test_a_cache_that_cannot_be_written_costs_only_time(gguf, monkeypatch, caplo
     weights = weights_cache.read_qwen2_cached(gguf)
     assert "cannot write the native weights cache" in caplog.text
     assert torch.equal(logits(weights), logits(gguf_weights.read_qwen2(gguf)))
+
+
+def test_a_converted_gguf_is_known_without_parsing_it_again(gguf):
+    assert not weights_cache.holds(gguf)
+    weights_cache.read_qwen2_cached(gguf)
+    assert weights_cache.holds(gguf)
+    write_qwen2_gguf(hf_model(seed=5), gguf, types={"blk.1.attn_v": "Q8_0"}, tied=True)
+    assert not weights_cache.holds(gguf)  # another content: checked again
