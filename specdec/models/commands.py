@@ -47,7 +47,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _size(n: int) -> str:
-    return f"{n / 2**30:.2f}G" if n >= 2**30 / 100 else f"{n / 2**20:.1f}M"
+    return f"{n / 2**30:.2f}G" if n >= 2**30 / 10 else f"{n / 2**20:.1f}M"
 
 
 def cmd_models(args) -> int:

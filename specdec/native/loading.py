@@ -14,10 +14,11 @@ from specdec.models.choices import FORWARDS
 
 def gguf_of(spec: str) -> Path | None:
     """The GGUF a spec's weights come from: the file itself, a catalog model's published file, the one a cached
-    conversion remembers; None when there is none."""
+    conversion remembers; None when there is none. Asking never downloads: a catalog model's GGUF that `models
+    pull` has not kept here (a hub snapshot, an older cache) is assembled only from wheels already here."""
     from specdec.models.store import target_gguf
 
-    return target_gguf(spec)
+    return target_gguf(spec, download=False)
 
 
 def why_not_native(spec: str, device: str = "cpu", target_quant: str = "auto") -> tuple[str, Path | None]:

@@ -224,3 +224,16 @@ def test_the_servers_first_load_reports_the_lazy_conversion_as_progress(catalog_
     percents = [percent for _, percent in reports]
     assert percents == sorted(percents)
     assert (models_dir() / store.cache_name(MODEL) / "config.json").is_file()
+
+
+def test_asking_whether_the_native_forward_can_serve_a_model_never_downloads(catalog_model, tiny_gguf_bytes):
+    """A catalog model present as a conversion or hub snapshot only: the check answers from what is here (pip,
+    the fixture's, fails the test if called), assembling the GGUF from wheels an older pull kept."""
+    from specdec.native.loading import gguf_of
+
+    for wheel in wheels_dir().glob("*.whl"):
+        wheel.unlink()
+    assert gguf_of(MODEL) is None and not store.catalog_gguf(MODEL).exists()
+    write_wheels(wheels_dir(), tiny_gguf_bytes)
+    assert gguf_of(MODEL) == store.catalog_gguf(MODEL) and store.catalog_gguf(MODEL).read_bytes() == tiny_gguf_bytes
+    assert not list(wheels_dir().glob("*.whl"))
