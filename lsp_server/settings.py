@@ -21,6 +21,7 @@ from specdec.models.choices import DRAFT_QUANT, DTYPES, FORWARDS, INT4_KERNELS, 
 from specdec.engine.strategies import STRATEGIES
 
 FIM_FAMILIES = ("", *TEMPLATES)  # "": detect from the tokenizer
+ENGINES = ("local", "llama-server", "vllm", "sglang")
 
 
 class SettingsError(ValueError):
@@ -58,6 +59,15 @@ class Settings:
                                 "tree": "One token tree per step from the draft model, prompt lookup and the "
                                         "repository index, sized for this machine from its measured verify cost "
                                         "(needs a draft)."})
+    engine: str = setting("local", "Where completions are computed: local is specdec's engine in this process; "
+                          "llama-server, vllm and sglang are a shared engine at engineUrl (docs/teams.md), its key "
+                          "from the environment variable SPECDEC_ENGINE_API_KEY.", choices=ENGINES,
+                          choice_docs={"local": "specdec's own engine, in this process.",
+                                       "llama-server": "llama.cpp's llama-server at engineUrl (/infill).",
+                                       "vllm": "vLLM at engineUrl (/v1/completions).",
+                                       "sglang": "SGLang at engineUrl (/generate)."}, reload=True)
+    engine_url: str = setting("", "The remote engine's base URL (http://HOST:PORT or https://...), for engine "
+                              "llama-server, vllm or sglang; target then names the model it serves.", reload=True)
     dtype: str = setting("auto", "Target precision: auto is bf16 where the device computes it natively "
                          "(GPUs, CPUs with AVX512-BF16 or AMX), else fp32.",
                          choices=DTYPES, reload=True)
@@ -153,6 +163,11 @@ class Settings:
             check(f, getattr(self, f.name))
         if not self.target.strip():
             raise SettingsError("target must be a model spec (hub id, local directory or .gguf), not ''")
+        if self.engine != "local" and not self.engine_url.strip():
+            raise SettingsError(f"engine {self.engine!r} needs engineUrl (http://HOST:PORT of the engine)")
+        if self.engine_url.strip() and not re.match(r"^https?://[^/\s]+", self.engine_url.strip()):
+            raise SettingsError(f"engineUrl must be http://HOST[:PORT][/PATH] or https://..., not "
+                                f"{self.engine_url!r}")
         if self.strategy in ("draft", "tree") and not self.draft:
             raise SettingsError(f"strategy {self.strategy!r} needs a draft model: set draft, or use auto or lookup")
         if self.strategy == "repo" and not self.repo_index:

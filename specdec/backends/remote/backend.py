@@ -1,0 +1,238 @@
+"""A remote engine behind the backend interface: llama-server, vLLM or SGLang over HTTP.
+
+`complete` streams one completion and applies the caller's stop predicate after every streamed piece, as
+the local engine does after every token; when it says stop, the connection is closed (the engine drops
+the request) and the text is cut there, so the server's finalize and insert treat a remote suggestion
+exactly like a local one. The editor's cancel closes the connection too. Every failure becomes an empty
+result within the call's bounds and a state change in `health` (one message per outage, bounded backoff);
+nothing raises into the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.backends.remote import API_KEY_ENV, KINDS
+from specdec.backends.remote import prompt as fim_prompt
+from specdec.backends.remote.engines import ENGINES, NOT_REPORTED, EngineRequest, Reading, Speculation, Vllm
+from specdec.backends.remote.health import Health
+from specdec.backends.remote.http import Call, Cancelled, EngineError, Endpoint, get_json, get_text
+
+log = logging.getLogger("specdec.engine")
+
+CONNECT_S = 2.0  # to open a connection
+STALL_S = 8.0  # between two pieces of a stream
+TOTAL_S = 20.0  # for a whole completion: every request is answered within this
+PREDICT_MS = 5000  # llama-server's own cap on prediction time (t_max_predict_ms), a backstop
+
+
+@dataclass
+class RemoteResult:
+    """The backend interface's CompletionResult shape: text as generated (cut by the stop predicate), why it
+    stopped, the counters as a dict, token ids where the engine sent them, and the engine's counts as trace."""
+
+    text: str
+    stop_reason: str  # eos | max_tokens | stop | cancelled | error
+    stats: dict = field(default_factory=dict)
+    tokens: list[int] = field(default_factory=list)
+    trace: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "stop_reason": self.stop_reason, "stats": dict(self.stats),
+                "tokens": list(self.tokens), "trace": self.trace}
+
+
+def served_adapter_name(repo_key: str) -> str:
+    """The name an engine serves a workspace's adapter under (vLLM --lora-modules NAME=..., SGLang
+    --lora-paths NAME=..., llama-server's --lora file named NAME.gguf): the registry's repository key."""
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in repo_key).strip(".-")
+
+
+class RemoteBackend:
+    """kind: llama-server | vllm | sglang. Settings read: engine_url, target, fim_family, max_prefix_tokens,
+    max_suffix_tokens, max_snippet_tokens (the repository context's budget), adapters."""
+
+    def __init__(self, kind: str, on_status=lambda state, message: None):
+        if kind not in KINDS:
+            raise ValueError(f"unknown engine {kind!r}; known: {', '.join(KINDS)}")
+        self.kind, self.engine = kind, ENGINES[kind]()
+        self.state, self.error, self.progress = "idle", "", ""
+        self.on_status = on_status  # (state, one-line message): the server shows it and sets its status bar
+        self.health = Health(lambda state, message: self.on_status(state, message))
+        self.endpoint: Endpoint | None = None
+        self.settings = None
+        self.model = ""  # what the engine says it serves
+        self.adapters: dict[str, int | None] = {}  # served adapter name -> llama-server's id (None elsewhere)
+        self._discovered = False
+        self._counters: dict | None = None  # vLLM's last Prometheus scrape, for the fallback deltas
+        self._prometheus = kind == "vllm"  # False once /metrics turned out not to have the counters
+        self.connect_s, self.stall_s, self.total_s = CONNECT_S, STALL_S, TOTAL_S
+        self.speculation_source = NOT_REPORTED  # how the last request's speculation was known
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    # -- load: check the settings, ask the engine what it serves ------------------------------------------
+    def load(self, settings, report=lambda message, percent: None) -> None:
+        """Never raises. A bad URL fails the load; an engine that does not answer yet does not: completions
+        start when it does (health.py)."""
+        try:
+            self.endpoint = Endpoint(settings.engine_url.strip(), os.environ.get(API_KEY_ENV, "").strip())
+        except ValueError as exc:
+            self.state, self.error = "failed", str(exc)
+            return
+        self.settings, self._discovered = settings, False
+        report(f"asking {self.kind} at {self.endpoint.shown}", 50)
+        self.discover()
+        self.state, self.error, self.progress = "ready", "", ""
+
+    def discover(self) -> bool:
+        """The served model and adapters (llama-server /props and /lora-adapters, vLLM /v1/models, SGLang
+        /get_model_info and /get_server_info); False if the engine did not answer."""
+        ep = self.endpoint
+        try:
+            if self.kind == "llama-server":
+                props = get_json(ep, "/props", self.connect_s)
+                self.model = str((props or {}).get("model_path") or (props or {}).get("model_alias") or "")
+                try:
+                    loras = get_json(ep, "/lora-adapters", self.connect_s)
+                    self.adapters = {Path(str(a.get("path", ""))).stem: int(a["id"]) for a in loras
+                                     if isinstance(a, dict) and "id" in a}
+                except EngineError:
+                    self.adapters = {}
+            elif self.kind == "vllm":
+                models = (get_json(ep, "/v1/models", self.connect_s) or {}).get("data") or []
+                base = [m for m in models if isinstance(m, dict) and not m.get("parent")]
+                self.model = str(base[0].get("id", "")) if base else ""
+                self.adapters = {str(m.get("id")): None for m in models if isinstance(m, dict) and m.get("parent")}
+                if self._prometheus:
+                    self._scrape()
+            else:
+                info = get_json(ep, "/get_model_info", self.connect_s) or {}
+                self.model = str(info.get("model_path") or "")
+                try:
+                    server = get_json(ep, "/get_server_info", self.connect_s) or {}
+                    paths = server.get("lora_paths") or {}
+                    names = paths.keys() if isinstance(paths, dict) else [str(p).split("=")[0] for p in paths]
+                    self.adapters = {str(n): None for n in names}
+                except EngineError:
+                    self.adapters = {}
+        except (EngineError, AttributeError, TypeError, ValueError) as exc:
+            if isinstance(exc, EngineError) and exc.kind in ("unreachable", "auth", "timeout", "stalled"):
+                self.health.failed(exc.kind, str(exc))
+            return False
+        self._discovered = True
+        return True
+
+    def template(self):
+        family = self.settings.fim_family or fim_prompt.family_of(self.model, self.settings.target)
+        return fim_prompt.template_for(family)
+
+    def adapter_for(self, workspace: str) -> str:
+        """The served adapter for the workspace's repository, or "" (none registered, or not served)."""
+        if not workspace or not self.adapters or not getattr(self.settings, "adapters", True):
+            return ""
+        try:
+            from specdec_adapters.registry import repo_identity
+
+            name = served_adapter_name(repo_identity(Path(workspace))[0])
+        except Exception:  # noqa: BLE001 - no registry, no git: the base model completes
+            return ""
+        return name if name in self.adapters else ""
+
+    def engine_request(self, request, chunks: list[dict] | None = None) -> EngineRequest:
+        s = self.settings
+        template = self.template()
+        prefix = fim_prompt.cut_prefix(request.prefix, s.max_prefix_tokens)
+        suffix = fim_prompt.cut_suffix(request.suffix, s.max_suffix_tokens)
+        chunks = fim_prompt.chunks_within(list(chunks or []), s.max_snippet_tokens)
+        workspace = getattr(request, "workspace", "") or ""
+        adapter = self.adapter_for(workspace)
+        text = fim_prompt.build(template, prefix, suffix, getattr(request, "path", "") or "", chunks,
+                                Path(workspace).name if workspace else "")
+        return EngineRequest(prefix, suffix, text, chunks, list(template.stop_tokens), request.max_new_tokens,
+                             PREDICT_MS, request.temperature, getattr(request, "top_p", 1.0),
+                             getattr(request, "seed", None), adapter or self.model, adapter,
+                             self.adapters.get(adapter) if adapter else None)
+
+    # -- one completion -----------------------------------------------------------------------------------
+    def complete(self, request, stop=None, cancel=None, chunks: list[dict] | None = None) -> RemoteResult:
+        """Stream one completion. chunks: repository context [{filename, text}], best first."""
+        started = time.perf_counter()
+        if not self.health.may_try():
+            return self._empty("error", started)
+        if not self._discovered and not self.discover():
+            self.health.released()
+            return self._empty("error", started)
+        req = self.engine_request(request, chunks)
+        reading, pieces, reason = Reading(), 0, ""
+        try:
+            with Call(self.endpoint, "POST", self.engine.path, self.engine.body(req), cancel, self.connect_s,
+                      self.stall_s, self.total_s, stream=True) as call:
+                call.check_status()
+                for event in call.events():
+                    if self.engine.read(event, reading):
+                        pieces += 1
+                    cut = stop(reading.text) if stop is not None and reading.text else None
+                    if cut is not None:
+                        reading.text, reason = reading.text[:cut], "stop"
+                        break  # leaving the block closes the connection: the engine drops the request
+                if not reason and not reading.finish:
+                    raise EngineError("ended", f"{self.endpoint.shown}{self.engine.path}: the stream ended "
+                                               "before the engine said it was done")
+        except Cancelled:
+            self.health.released()
+            return self._result(reading, "cancelled", pieces, started)
+        except EngineError as exc:
+            log.warning("%s: %s", self.kind, self.endpoint.scrub(str(exc)))
+            self.health.failed(exc.kind, self.endpoint.scrub(str(exc)))
+            return self._empty("error", started)
+        self.health.succeeded()
+        return self._result(reading, reason or self.engine.stop_reason(reading), pieces, started)
+
+    def _speculation(self, reading: Reading) -> Speculation:
+        spec = self.engine.speculation(reading)
+        if spec.source == NOT_REPORTED and self._prometheus and reading.finish:
+            before = self._counters
+            after = self._scrape()
+            if before is not None and after is not None:
+                spec = Vllm.delta(before, after)
+        return spec
+
+    def _scrape(self) -> dict | None:
+        try:
+            counters = Vllm.counters(get_text(self.endpoint, "/metrics", 1.0))
+        except EngineError:
+            counters = None
+        if counters is None:
+            self._prometheus = False  # the engine does not count speculation there: stop asking
+        self._counters = counters
+        return counters
+
+    def _result(self, reading: Reading, reason: str, pieces: int, started: float) -> RemoteResult:
+        spec = self._speculation(reading) if reason != "cancelled" else Speculation()
+        self.speculation_source = spec.source
+        finished = reason not in ("stop", "cancelled") and reading.completion_tokens is not None
+        tokens = reading.completion_tokens if finished else (len(reading.tokens) or pieces)
+        stats = {"engine": self.kind, "new_tokens": tokens, "produced": tokens,
+                 "seconds": time.perf_counter() - started, "prefill_seconds": 0.0, **spec.as_stats()}
+        trace = {"engine": self.kind, "speculation": spec.source, "drafted": spec.drafted,
+                 "accepted": spec.accepted, "target_passes": spec.passes, "new_tokens": tokens}
+        return RemoteResult(reading.text, reason, stats, list(reading.tokens), trace)
+
+    def _empty(self, reason: str, started: float) -> RemoteResult:
+        return RemoteResult("", reason, {"engine": self.kind, "new_tokens": 0, "produced": 0,
+                                         "seconds": time.perf_counter() - started, "prefill_seconds": 0.0,
+                                         "speculation": NOT_REPORTED, "drafted": None, "accepted": None,
+                                         "target_passes": None, "engine_state": self.health.state})
+
+    def stats(self) -> dict:
+        """For specdec/stats: which engine, where (no credentials), what it serves, its health."""
+        return {"kind": self.kind, "url": self.endpoint.shown if self.endpoint else "", "model": self.model,
+                "adapters": sorted(self.adapters), "speculation": self.speculation_source,
+                "key": bool(self.endpoint and self.endpoint.api_key), **self.health.status()}

@@ -1,0 +1,72 @@
+"""The FIM prompt as text for engines that take a raw prompt (vLLM, SGLang), with repository context.
+
+No tokenizer runs here: the engine tokenizes. Budgets are in tokens as the settings give them and applied
+in characters at CHARS_PER_TOKEN, a low estimate for code (Qwen's tokenizer averages 3-4 characters a token
+on source), so a prompt stays within its budget; the prefix is cut at a line start so the prompt's head,
+and with it the engine's prefix cache, survives typing. The template is the family's (specdec.prompts.fim):
+from `fimFamily`, else from the name of the model the engine serves, else from `target`.
+"""
+
+from __future__ import annotations
+
+from specdec.prompts.fim import TEMPLATES, FimTemplate
+
+CHARS_PER_TOKEN = 3
+FAMILY_HINTS = (("qwen", "qwen"), ("starcoder", "starcoder"), ("codellama", "codellama"), ("deepseek", "deepseek"),
+                ("codestral", "codestral"))
+
+
+def family_of(*names: str) -> str:
+    """The FIM family a model name says (the first name that says one), "qwen" when none does."""
+    for name in names:
+        low = (name or "").lower()
+        for hint, family in FAMILY_HINTS:
+            if hint in low:
+                return family
+    return "qwen"
+
+
+def cut_prefix(prefix: str, max_tokens: int) -> str:
+    budget = max_tokens * CHARS_PER_TOKEN
+    if len(prefix) <= budget:
+        return prefix
+    tail = prefix[-budget:]
+    line = tail.find("\n")
+    return tail[line + 1:] if 0 <= line < len(tail) - 1 else tail
+
+
+def cut_suffix(suffix: str, max_tokens: int) -> str:
+    return suffix[: max_tokens * CHARS_PER_TOKEN]
+
+
+def chunks_within(chunks: list[dict], max_tokens: int) -> list[dict]:
+    """The best chunks first, as many whole ones as fit the token budget."""
+    budget, kept = max_tokens * CHARS_PER_TOKEN, []
+    for chunk in chunks:
+        size = len(chunk.get("filename", "")) + len(chunk.get("text", "")) + 16
+        if size > budget:
+            break
+        kept.append(chunk)
+        budget -= size
+    return kept
+
+
+def build(template: FimTemplate, prefix: str, suffix: str, path: str = "", chunks: list[dict] | None = None,
+          repo_name: str = "") -> str:
+    """The raw prompt. Families with a file header (Qwen's `<|file_sep|>`) get the repository-level format:
+    `<|repo_name|>` and each chunk as a file before the file being completed; the others get the plain FIM."""
+    head = template.begin
+    if template.file_header and (chunks or path):
+        if template.family == "qwen" and repo_name:
+            head += f"<|repo_name|>{repo_name}\n"
+        for chunk in chunks or []:
+            head += template.file_header.format(path=chunk.get("filename", "")) + chunk.get("text", "") + "\n"
+        if path:
+            head += template.file_header.format(path=path)
+    if template.order == "spm":
+        return head + template.suffix + suffix + template.prefix + prefix + template.middle
+    return head + template.prefix + prefix + template.suffix + suffix + template.middle
+
+
+def template_for(family: str) -> FimTemplate:
+    return TEMPLATES[family]
