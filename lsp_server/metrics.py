@@ -37,10 +37,16 @@ class RequestRecord:
     shown: bool = False
     adapter: str = ""
     kind: str = "request"
+    engine: str = "local"  # where it was computed: local, llama-server, vllm, sglang
+    # how drafted/accepted/target_passes were known: "reported" (the engine's own counts for this request),
+    # "prometheus" (a remote engine's server-wide counter deltas), "not reported" (they are 0 here and count
+    # toward no acceptance or tokens per pass: a missing field is never zero acceptance)
+    speculation: str = "reported"
     # per drafter source: {source: {"drafted": n, "accepted": n, "passes": n}} (source_metrics.py)
     by_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
+NOT_REPORTED = "not reported"
 ONLINE_NUMBERS = ("steps", "seconds", "cpu_seconds", "heldout", "accepted_samples", "edited_samples")
 ONLINE_KEPT = 50  # the newest online refresh records specdec/stats reports
 _NUMBERS = ("time", "latency_ms", "drafted", "accepted", "target_passes", "decode_seconds", "prefill_reused",
@@ -52,7 +58,7 @@ def usable(row) -> bool:
     edited by hand, so a line that is not an object or lacks a field is skipped, not fatal."""
     if not isinstance(row, dict) or not isinstance(row.get("language"), str):
         return False
-    if not all(isinstance(row.get(f, ""), str) for f in ("workspace", "adapter")):
+    if not all(isinstance(row.get(f, ""), str) for f in ("workspace", "adapter", "engine", "speculation")):
         return False
     if not isinstance(row.get("time"), (int, float)):
         return False
@@ -78,8 +84,9 @@ def percentile(values: list[float], q: float) -> float | None:
 def aggregate(records: list[dict]) -> dict:
     requests = [r for r in records if r.get("kind") == "request"]
     model = [r for r in requests if r["source"] == "model"]
-    drafted = sum(r["drafted"] for r in model)
-    passes = sum(r["target_passes"] for r in model)
+    counted = [r for r in model if r.get("speculation", "reported") != NOT_REPORTED]  # speculation known
+    drafted = sum(r["drafted"] for r in counted)
+    passes = sum(r["target_passes"] for r in counted)
     decode = sum(r["decode_seconds"] for r in model)
     reused = sum(r["prefill_reused"] for r in model)
     computed = sum(r["prefill_computed"] for r in model)
@@ -90,8 +97,10 @@ def aggregate(records: list[dict]) -> dict:
         "model_requests": len(model),
         "cache_hits": sum(1 for r in requests if r["source"] == "cache"),
         "typeahead_hits": sum(1 for r in requests if r["source"] == "typeahead"),
-        "acceptance_rate": sum(r["accepted"] for r in model) / drafted if drafted else None,
-        "tokens_per_pass": sum(r.get("produced", r["new_tokens"]) for r in model) / passes if passes else None,
+        "acceptance_rate": sum(r["accepted"] for r in counted) / drafted if drafted else None,
+        "tokens_per_pass": sum(r.get("produced", r["new_tokens"]) for r in counted if r["target_passes"]) / passes
+        if passes else None,
+        "speculation_not_reported": len(model) - len(counted),
         "tokens_per_second": sum(r["new_tokens"] for r in model) / decode if decode else None,
         "latency_p50_ms": percentile([r["latency_ms"] for r in requests], 0.5),
         "latency_p95_ms": percentile([r["latency_ms"] for r in requests], 0.95),
@@ -168,6 +177,8 @@ def summarize(records: list[dict]) -> dict:
         "total": aggregate(records),
         "languages": {k[0]: v for k, v in group("language").items()},
         "workspaces": [{"workspace": k[0], **v} for k, v in group("workspace").items()],
+        "engines": [{"engine": k[0] or "local", "language": "(all)", **v} for k, v in group("engine").items()]
+        + [{"engine": k[0] or "local", "language": k[1], **v} for k, v in group("engine", "language").items()],
         "adapters": [{"workspace": k[0], "adapter": k[1] or "base", **v}
                      for k, v in group("workspace", "adapter").items()],
         "timeline": timeline(records),
@@ -301,6 +312,17 @@ class PrometheusExporter:
         self.passes_by_source = Counter("specdec_target_passes_by_source",
                                         "target passes that verified a draft, per drafter source", by_source,
                                         registry=self.registry)
+        by_engine = ["engine", "language"]  # acceptance and tokens per pass per engine, where the engine reports them
+        self.engine_drafted = Counter("specdec_engine_drafted_tokens", "drafted tokens the engine reported",
+                                      by_engine, registry=self.registry)
+        self.engine_accepted = Counter("specdec_engine_accepted_tokens", "accepted drafted tokens the engine "
+                                       "reported", by_engine, registry=self.registry)
+        self.engine_tokens = Counter("specdec_engine_tokens", "tokens of requests whose speculation was reported",
+                                     by_engine, registry=self.registry)
+        self.engine_passes = Counter("specdec_engine_target_passes", "target passes the engine reported",
+                                     by_engine, registry=self.registry)
+        self.engine_unreported = Counter("specdec_engine_speculation_not_reported", "model requests whose engine "
+                                         "did not report its speculation", by_engine, registry=self.registry)
         self.online_refreshes = Counter("specdec_online_refreshes", "online adaptation refreshes, by outcome",
                                         ["outcome"], registry=self.registry)
         self.latency = Histogram("specdec_latency_seconds", "time to suggestion", labels, registry=self.registry,
@@ -317,6 +339,16 @@ class PrometheusExporter:
             self.online_refreshes.labels(outcome).inc()
             return
         self.requests.labels(lang, row["source"]).inc()
+        if row["source"] == "model":
+            engine = row.get("engine") or "local"
+            if row.get("speculation", "reported") == NOT_REPORTED:
+                self.engine_unreported.labels(engine, lang).inc()
+            else:
+                self.engine_drafted.labels(engine, lang).inc(row["drafted"])
+                self.engine_accepted.labels(engine, lang).inc(row["accepted"])
+                if row["target_passes"]:
+                    self.engine_tokens.labels(engine, lang).inc(row.get("produced", row["new_tokens"]))
+                    self.engine_passes.labels(engine, lang).inc(row["target_passes"])
         self.drafted.labels(lang).inc(row["drafted"])
         self.accepted.labels(lang).inc(row["accepted"])
         for source, counters in source_metrics.entries(row)[0].items():

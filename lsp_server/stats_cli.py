@@ -25,6 +25,16 @@ def print_table(summary: dict) -> None:
         print(f"{name[:14]:14} " + " ".join(f"{c:>9}" for c in cells))
 
 
+def print_engine_table(summary: dict) -> None:
+    """Per engine and language: the engine's own speculation (a remote engine's reported counts)."""
+    cols = ("requests", "accept", "tok/pass", "p50 ms", "unreported")
+    print(f"\n{'engine':14} {'language':14} " + " ".join(f"{c:>10}" for c in cols))
+    for a in summary["engines"]:
+        cells = [str(a["model_requests"]), _fmt(a["acceptance_rate"], ".2f"), _fmt(a["tokens_per_pass"], ".2f"),
+                 _fmt(a["model_latency_p50_ms"], ".0f"), str(a["speculation_not_reported"])]
+        print(f"{a['engine'][:14]:14} {a['language'][:14]:14} " + " ".join(f"{c:>10}" for c in cells))
+
+
 def print_source_table(summary: dict) -> None:
     """Per drafter source, per language then per repository: which drafter earns its keep where."""
     cols = ("drafted", "accept", "passes", "tok/pass", "share")
@@ -99,6 +109,8 @@ def run(args) -> int:
         print("no metrics yet: they appear once the server has answered completion requests")
     else:
         print_table(summary)
+        if any(row["engine"] != "local" for row in summary["engines"]):
+            print_engine_table(summary)
         if summary["sources"]["total"]:
             print_source_table(summary)
     if args.plot:

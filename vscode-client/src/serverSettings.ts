@@ -5,6 +5,8 @@ export interface ServerSettings {
   target: string;
   draft: string;
   strategy: string;
+  engine: string;
+  engineUrl: string;
   dtype: string;
   draftQuant: string;
   targetQuant: string;
@@ -37,6 +39,8 @@ export const SERVER_DEFAULTS: ServerSettings = {
   target: "Qwen/Qwen2.5-Coder-1.5B",
   draft: "Qwen/Qwen2.5-Coder-0.5B",
   strategy: "auto",
+  engine: "local",
+  engineUrl: "",
   dtype: "auto",
   draftQuant: "int8",
   targetQuant: "auto",
@@ -69,6 +73,8 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "target",
   "draft",
   "strategy",
+  "engine",
+  "engineUrl",
   "dtype",
   "draftQuant",
   "targetQuant",
