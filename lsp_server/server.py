@@ -65,9 +65,7 @@ class SpecdecServer(LanguageServer):
         super().__init__("specdec", "0.1.0", max_workers=4)
         self.settings = Settings()
         self.metrics = metrics or MetricsStore()
-        self.host = ModelHost()
-        self.host.on_warning = lambda message: self.loop and self.loop.call_soon_threadsafe(  # once per adapter
-            self.window_show_message, types.ShowMessageParams(types.MessageType.Warning, f"specdec: {message}"))
+        self.host = self._new_host("local")
         self.service = CompletionService(self.host, self.metrics, self.settings)
         self.service.on_accept = self._index_accepted
         self.indexer = None  # specdec.repository.indexer.WorkspaceIndexer while the repository index is on
@@ -77,6 +75,34 @@ class SpecdecServer(LanguageServer):
         self._load_generation = 0
         self._loading_settings: Settings | None = None  # what the load in flight was started with
         self.last_finetune: dict = {}
+
+    def _new_host(self, engine: str):
+        """ModelHost for the local engine, RemoteHost for llama-server, vllm or sglang (lsp_server/remote_host.py)."""
+        def show(kind, message: str) -> None:
+            if self.loop is not None:
+                self.loop.call_soon_threadsafe(self.window_show_message,
+                                               types.ShowMessageParams(kind, f"specdec: {message}"))
+
+        if engine == "local":
+            host = ModelHost()
+        else:
+            from lsp_server.remote_host import RemoteHost
+
+            host = RemoteHost(engine)  # one message per outage and one when it ends (remote/health.py)
+            host.on_status = lambda state, message: show(
+                types.MessageType.Info if state == "ok" else types.MessageType.Warning, message)
+        host.on_warning = lambda message: show(types.MessageType.Warning, message)  # once per adapter
+        return host
+
+    def _use_engine(self, engine: str) -> None:
+        """Swap the host when the engine setting changed; the old one's models or pool are let go."""
+        if getattr(self.host, "kind", "local") == engine:
+            return
+        old, self.host = self.host, self._new_host(engine)
+        self.service.host = self.service.online.host = self.host
+        if hasattr(old, "close"):
+            old.close()
+        self.sync_index()  # a remote engine drafts for itself: the local repository index stops
 
     # -- settings and model loading -------------------------------------------------
     def apply_settings(self, options) -> None:
@@ -173,6 +199,7 @@ class SpecdecServer(LanguageServer):
             self.host.load(settings, report)
             send(self._finish_load, generation, token, settings, progress)
 
+        self._use_engine(settings.engine)
         self.host.state = "loading"
         self._loading_settings = settings
         if progress:
@@ -192,7 +219,7 @@ class SpecdecServer(LanguageServer):
             return
         log.info(message)
         self._loading_settings = None
-        if self.host.ready and self.indexer is not None:  # indexing waited for the models' tokenizer
+        if self.host.ready and self.indexer is not None and self.host.completer is not None:  # waited for the tokenizer
             self.indexer.set_tokenizer(self.host.completer.session.tokenizer)
         if not self.host.ready:
             self.window_show_message(types.ShowMessageParams(types.MessageType.Error, f"specdec: {message}"))
@@ -274,11 +301,23 @@ class SpecdecServer(LanguageServer):
         request = CompletionRequest(uri, language, workspace, prefix, suffix, invoked,
                                     path=str(Path(path).relative_to(workspace)) if workspace else Path(path).name)
         request.context = self.snippets(uri, language)
+        if getattr(self.host, "remote", False):  # the engine gets other files as chunks (input_extra, <|file_sep|>)
+            request.chunks = self.chunks(uri, language)
         if self.indexer is not None:
             from specdec.repository.build import document_key
 
             request.document = document_key(path)
         return request
+
+    def chunks(self, uri: str, language: str) -> list[dict]:
+        """Heads of other open files of the language, as {filename, text}: a remote engine's repository context."""
+        if not self.settings.snippets_from_open_files:
+            return []
+        budget, out = self.settings.max_snippet_tokens * 3, []
+        for other_uri, doc in list(self.workspace.text_documents.items())[-8:]:
+            if other_uri != uri and syntax.detect_language(doc.language_id, other_uri) == language:
+                out.append({"filename": Path(uri_path(other_uri)).name, "text": doc.source[:budget]})
+        return out[-2:]
 
     def snippets(self, uri: str, language: str) -> str:
         """Heads of other open files of the same language, in the family's repo-level format."""
@@ -398,7 +437,9 @@ def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
                 "scheduler": dict(ls.service.counters), "finetune": ls.last_finetune,
                 "repo_index": ls.indexer.stats() if ls.indexer is not None else {"state": "off"},
                 "online_adaptation": ls.service.online.status(), "cost_curve": ls.host.cost_curve(),
-                "documents": summary(ls.workspace.text_documents.values()), **ls.metrics.summary()}
+                "documents": summary(ls.workspace.text_documents.values()),
+                "engine": ls.host.stats() if getattr(ls.host, "remote", False) else {"kind": "local", "state": "ok"},
+                **ls.metrics.summary()}
 
     @server.feature(TRACE_REQUEST)
     def trace(ls: SpecdecServer, params=None):

@@ -435,7 +435,14 @@ class CompletionService:
         latency_ms = (time.perf_counter() - request.received) * 1000
         record = RequestRecord(time.time(), request.language, request.workspace, source, latency_ms,
                                shown=bool(text), adapter=request.adapter)
-        if generation is not None:
+        if generation is not None and isinstance(generation.stats, dict):  # a remote engine's counts
+            s = generation.stats
+            record.engine, record.speculation = s.get("engine", "local"), s.get("speculation", "reported")
+            record.new_tokens, record.produced = s.get("new_tokens") or 0, s.get("produced") or 0
+            record.drafted, record.accepted = s.get("drafted") or 0, s.get("accepted") or 0
+            record.target_passes, record.decode_seconds = s.get("target_passes") or 0, s.get("seconds", 0.0)
+            record.adapter = s.get("adapter") or record.adapter
+        elif generation is not None:
             s = generation.stats
             record.new_tokens, record.produced = s.new_tokens, s.produced
             record.drafted, record.accepted = s.drafted, s.accepted
@@ -514,13 +521,15 @@ class CompletionService:
             generation = await self._generate(request, ctx, settings, number)
         finally:
             del self.inflight[key]
-            done = generation is not None and generation[1].stop_reason != "cancelled"
+            # an engine failure (remote) answers empty and, like a cancel, leaves nothing in the cache
+            done = generation is not None and generation[1].stop_reason not in ("cancelled", "error")
             outcome.set_result(generation[0] if done else "")
         if not done:
             return None
         text, result = generation
         if getattr(result, "trace", None) is not None:
-            self.traces.add(request.uri, result.trace, self.host.completer.session.tokenizer.decode, text)
+            completer = self.host.completer  # None for a remote engine, whose trace holds its counts only
+            self.traces.add(request.uri, result.trace, completer.session.tokenizer.decode if completer else None, text)
         self.cache[key] = text
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)

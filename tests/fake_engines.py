@@ -3,7 +3,8 @@
 `FakeEngine(kind, pieces=[...], ...)` serves, in a thread:
 - llama-server: GET /health, /props, /lora-adapters; POST /infill streamed as llama-server streams it (one
   SSE event per token: content, tokens, stop false; the last: stop true, stop_type, tokens_predicted and
-  `timings` with draft_n / draft_n_accepted when `speculation` is on);
+  `timings` with draft_n / draft_n_accepted when `speculation` is on; with `timings_per_token` every event
+  carries the timings so far, as the real one does);
 - vLLM: GET /v1/models, /metrics (the spec_decode counters when `prometheus`), POST /v1/completions:
   400 for a `suffix` (vLLM refuses it), chunks of `choices[].text`, a finish_reason, then the
   include_usage chunk with `usage` and, when `speculation`, `metrics.speculative_decoding`;
@@ -50,6 +51,7 @@ class FakeEngine:
         self.requests: list[dict] = []
         self.done = threading.Event()
         self.counters = [0, 0, 0]  # vLLM's spec_decode drafts, draft tokens, accepted tokens
+        self.timings_per_token = False
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -181,6 +183,8 @@ class FakeEngine:
         n = i + 1
         if self.kind == "llama-server":
             event = {"index": 0, "content": piece, "tokens": [1000 + i], "stop": False, "id_slot": 0}
+            if self.timings_per_token:  # cumulative counts on every event, as llama-server sends them
+                event.update(self.final_fields(n))
             if last:
                 event.update(stop=True, stop_type="eos", tokens_predicted=n, **self.final_fields(n))
             return event
@@ -195,6 +199,7 @@ class FakeEngine:
         return event
 
     def post(self, handler, body: dict) -> str:
+        self.timings_per_token = bool(body.get("timings_per_token"))
         refused = self.refusal(body)
         if refused:
             handler._json(*refused)

@@ -63,13 +63,14 @@ def test_llama_server_infill_request_and_speculation(monkeypatch, whole):
     body = post["body"]
     assert body == {"input_prefix": "def add(a, b):\n", "input_suffix": "\n", "input_extra": chunks,
                     "prompt": "    ", "n_predict": 16, "n_indent": 0, "stream": True, "cache_prompt": True,
-                    "return_tokens": True, "stop": [], "t_max_predict_ms": 5000, "top_k": 1,
-                    "samplers": ["top_k"]}
+                    "return_tokens": True, "stop": [], "timings_per_token": True, "t_max_predict_ms": 5000,
+                    "top_k": 1, "samplers": ["top_k"]}
     assert result.text == "".join(PIECES) and result.stop_reason == "eos"
     assert result.stats["speculation"] == "reported"
     assert (result.stats["drafted"], result.stats["accepted"], result.stats["target_passes"]) == (8, 3, 2)
-    assert result.trace == {"engine": "llama-server", "speculation": "reported", "drafted": 8, "accepted": 3,
-                            "target_passes": 2, "new_tokens": 5}
+    assert result.trace.as_dict() == {"engine": "llama-server", "speculation": "reported", "drafted": 8,
+                                      "accepted": 3, "target_passes": 2, "new_tokens": 5, "text": "".join(PIECES),
+                                      "passes": []}
 
 
 def test_llama_server_without_speculation_fields_is_not_reported(monkeypatch):

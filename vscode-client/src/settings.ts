@@ -55,7 +55,15 @@ export interface ServerStats {
     latency_p50_ms: number | null; user_accept_rate: number | null }[]>;
   finetune?: { registered?: string; message?: string };
   sources?: SourceStats;  // absent from a server older than the per-drafter-source stats
+  engine?: { kind: string; state: string; reason?: string; url?: string };  // where completions are computed
 }
+
+/** A remote engine's outage as the status bar says it (server: specdec/backends/remote/health.py). */
+const ENGINE_STATES: Record<string, string> = {
+  unreachable: "engine unreachable", auth: "engine refused the key", http: "engine error",
+  stalled: "engine stalled", ended: "engine stream ended early", shape: "engine reply not understood",
+  timeout: "engine too slow",
+};
 
 /** One drafter source's (prompt lookup, draft model, repository index...) counts over a scope. */
 export interface SourceRow {
@@ -94,6 +102,9 @@ export function statusText(stats: ServerStats | undefined, language: string | un
   }
   if (stats.model.state === "failed") {
     return "$(error) specdec: model failed";
+  }
+  if (stats.engine && stats.engine.state !== "ok") {
+    return `$(warning) specdec: ${ENGINE_STATES[stats.engine.state] ?? "engine " + stats.engine.state}`;
   }
   const lang = language ? stats.languages[language] : undefined;
   if (!lang || !lang.model_requests) {

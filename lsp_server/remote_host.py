@@ -1,0 +1,115 @@
+"""The server's host for a remote engine (`engine` llama-server, vllm or sglang): what ModelHost is for the
+local engine, with the same face to the scheduler (service.py) and the server.
+
+Completions run on a small pool (the engine batches requests; a slow one must not hold the next), each
+streamed by specdec.backends.remote with the server's stop predicate after every piece and the same
+syntax.finalize as a local generation. The engine's health (health.py) reaches the editor as one
+`window/showMessage` per outage and as `engine` in `specdec/stats`, which the VS Code status bar shows.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Callable
+
+from lsp_server import syntax
+from specdec.backends.remote.backend import RemoteBackend
+
+
+class RemoteHost:
+    remote = True
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.on_status: Callable[[str, str], None] = lambda state, message: None  # set by the server
+        self.backend = RemoteBackend(kind, lambda state, message: self.on_status(state, message))
+        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="specdec-engine")
+        self.completer = None  # no local model: prompts are the engine's (or built as text, prompt.py)
+        self.adapter = ""
+        self.adapter_error = ""
+        self.target_quant = ""
+        self.switchable = None  # online adaptation trains a local draft: not with a remote engine
+        self.draft_hash = ""
+        self.repo_index = None
+        self.trace_probabilities = False
+        self.on_warning: Callable[[str], None] = lambda message: None
+        self.idle = threading.Event()
+        self.idle.set()
+
+    # the state the server and the editor read
+    @property
+    def state(self) -> str:
+        return self.backend.state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self.backend.state = value
+
+    @property
+    def error(self) -> str:
+        return self.backend.error
+
+    @property
+    def progress(self) -> str:
+        return self.backend.progress
+
+    @property
+    def ready(self) -> bool:
+        return self.backend.ready
+
+    def load(self, settings, report=lambda message, percent: None) -> None:
+        self.backend.load(settings, report)
+
+    def reconfigure(self, settings):
+        """Every setting but the engine's own applies at the next request (the backend reads them then)."""
+        if self.backend.settings is None or settings.models_differ(self.backend.settings):
+            return None
+        return lambda: setattr(self.backend, "settings", settings)
+
+    def apply(self, settings) -> bool:
+        commit = self.reconfigure(settings)
+        if commit is None:
+            return False
+        commit()
+        return True
+
+    def index_for(self, settings):
+        return None  # the repository index drafts for the local engine; the engine drafts for itself
+
+    def adapter_for(self, workspace: str):
+        return None  # the served adapter is chosen per request by the backend (RemoteBackend.adapter_for)
+
+    def cost_curve(self):
+        return None
+
+    def stats(self) -> dict:
+        return self.backend.stats()
+
+    def generate(self, request, ctx: syntax.CursorContext, settings, cancel):
+        """Pool thread: one completion, stopped and trimmed by the same syntax rules as a local one."""
+        if not settings.multiline:
+            ctx = replace(ctx, multiline=False)
+        result = self.backend.complete(replace_settings(request, settings), syntax.stop_predicate(ctx), cancel,
+                                       getattr(request, "chunks", None))
+        self.adapter = result.stats.get("adapter", "")
+        return syntax.finalize(ctx, result.text, result.stop_reason), result
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _Request:
+    """An editor's request with the generation settings the backend reads."""
+
+    def __init__(self, request, settings):
+        self.prefix, self.suffix, self.path = request.prefix, request.suffix, request.path
+        self.workspace, self.language = request.workspace, request.language
+        self.max_new_tokens, self.temperature, self.top_p = settings.max_new_tokens, settings.temperature, \
+            settings.top_p
+        self.seed = None
+
+
+def replace_settings(request, settings) -> _Request:
+    return _Request(request, settings)
