@@ -25,6 +25,7 @@ class RemoteHost:
         self.kind = kind
         self.on_status: Callable[[str, str], None] = lambda state, message: None  # set by the server
         self.backend = RemoteBackend(kind, lambda state, message: self.on_status(state, message))
+        self.backend.repo_key_of = repo_key_of
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="specdec-engine")
         self.completer = None  # no local model: prompts are the engine's (or built as text, prompt.py)
         self.adapter = ""
@@ -98,6 +99,15 @@ class RemoteHost:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def repo_key_of(workspace: str) -> str:
+    """The adapter registry's key of the workspace's repository (what `specdec finetune` registered it under)."""
+    from pathlib import Path
+
+    from specdec_adapters.registry import repo_identity
+
+    return repo_identity(Path(workspace))[0]
 
 
 class _Request:

@@ -279,7 +279,9 @@ def test_backoff_is_bounded_and_one_request_probes():
 def test_adapter_served_by_the_engine_is_used(monkeypatch, tmp_path):
     with FakeEngine("vllm", PIECES, adapters=["calc-repo"]) as engine:
         backend = backend_for(engine, monkeypatch)
-        monkeypatch.setattr(backend, "adapter_for", lambda workspace: "calc-repo" if workspace else "")
+        backend.repo_key_of = lambda workspace: "github.com/me/calc repo"  # the registry's key for the folder
+        assert backend.adapter_for(str(tmp_path)) == ""  # served under another name: the base model
+        backend.repo_key_of = lambda workspace: "calc/repo"
         backend.complete(Request(workspace=str(tmp_path)))
         assert engine.wait_post()["body"]["model"] == "calc-repo"
         backend.complete(Request())

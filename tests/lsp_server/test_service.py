@@ -220,7 +220,8 @@ def test_schema_is_complete_and_defaults_are_valid():
     assert rows["fimFamily"]["choices"] == ["", *TEMPLATES]
     assert rows["temperature"]["zeroAllowed"] and rows["prometheusPort"]["zeroAllowed"]
     assert {k for k, r in rows.items() if r["reloadsModels"]} == {"target", "draft", "dtype", "draftQuant", "targetQuant",
-                                                                     "int4Kernel", "forward", "adapters"}
+                                                                     "int4Kernel", "forward", "adapters", "engine",
+                                                                     "engineUrl"}
     good = Settings().update({"temperature": 0, "topP": 1, "prometheusPort": 9464, "maxNewTokens": 32.0,
                               "maxSuffixTokens": 0, "fimFamily": "starcoder"})
     assert (good.temperature, good.max_new_tokens, good.fim_family) == (0.0, 32, "starcoder")

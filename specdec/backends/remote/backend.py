@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from specdec.backends.remote import API_KEY_ENV, KINDS
 from specdec.backends.remote import prompt as fim_prompt
@@ -91,6 +92,9 @@ class RemoteBackend:
         self._prometheus = kind == "vllm"  # False once /metrics turned out not to have the counters
         self.connect_s, self.stall_s, self.total_s = CONNECT_S, STALL_S, TOTAL_S
         self.speculation_source = NOT_REPORTED  # how the last request's speculation was known
+        # a workspace folder -> its repository's key in the adapter registry (the server's registry lookup;
+        # specdec itself does not import the registry)
+        self.repo_key_of: Callable[[str], str] = lambda workspace: ""
 
     @property
     def ready(self) -> bool:
@@ -157,9 +161,7 @@ class RemoteBackend:
         if not workspace or not self.adapters or not getattr(self.settings, "adapters", True):
             return ""
         try:
-            from specdec_adapters.registry import repo_identity
-
-            name = served_adapter_name(repo_identity(Path(workspace))[0])
+            name = served_adapter_name(self.repo_key_of(workspace))
         except Exception:  # noqa: BLE001 - no registry, no git: the base model completes
             return ""
         return name if name in self.adapters else ""
