@@ -316,7 +316,7 @@ class SpecdecServer(LanguageServer):
         budget, out = self.settings.max_snippet_tokens * 3, []
         for other_uri, doc in list(self.workspace.text_documents.items())[-8:]:
             if other_uri != uri and syntax.detect_language(doc.language_id, other_uri) == language:
-                out.append({"filename": Path(uri_path(other_uri)).name, "text": doc.source[:budget]})
+                out.append({"filename": Path(uri_path(other_uri)).name, "text": text_of(doc)[:budget]})
         return out[-2:]
 
     def snippets(self, uri: str, language: str) -> str:

@@ -20,6 +20,7 @@ from fake_engines import FakeEngine
 KEY = "sk-team-secret-9731"
 DOC = "file:///work/calc.py"
 TEXT = "def add(a, b):\n    \n"
+UTIL = "def sub(a, b):\n    return a - b\n"
 
 
 class Server(rc.RawServer):
@@ -93,11 +94,20 @@ def test_remote_completion_placed_like_a_local_one_with_its_speculation(server, 
     with FakeEngine(kind, ["return a + b", "\n", "\n", "def sub(a, b):", "\n"], token_delay_s=0.05) as engine:
         s = server()
         s.start(kind, engine.url)
+        s.send(rc.notification("textDocument/didOpen", {"textDocument": {  # another open file: context
+            "uri": "file:///work/util.py", "languageId": "python", "version": 1, "text": UTIL}}))
         assert s.inline(1) == ["return a + b"]  # cut at the block's end by the server's stop rule, finalized
         post = engine.wait_post()
         trace = s.call("trace", "specdec/trace", {"uri": DOC})["result"]["traces"]
         stats = s.stats()
     assert post["headers"]["Authorization"] == f"Bearer {KEY}"
+    if kind == "llama-server":
+        assert post["body"]["input_extra"] == [{"filename": "util.py", "text": UTIL}]
+        assert post["body"]["input_prefix"] == "def add(a, b):\n" and post["body"]["prompt"] == "    "
+    else:
+        prompt = post["body"]["prompt" if kind == "vllm" else "text"]
+        assert prompt == (f"<|file_sep|>util.py\n{UTIL}\n<|file_sep|>calc.py\n"  # no workspace folder: no repo_name
+                          "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n<|fim_middle|>")
     assert post["ended"] == "closed"  # the stop rule closed the stream: the engine dropped the rest
     assert stats["engine"]["kind"] == kind and stats["engine"]["state"] == "ok"
     assert KEY not in json.dumps(stats["engine"])
