@@ -15,13 +15,27 @@ def cmd_serve(args) -> int:
     from lsp_server import transport
     from lsp_server.server import create_server
 
-    server = create_server()
+    server = create_server(settings=engine_settings(args))
     if args.tcp:  # our reader, not pygls' start_tcp/start_io: see lsp_server/transport.py
         host, _, port = args.tcp.rpartition(":")
         if not port.isdigit():
             raise SpecdecError(f"--tcp wants HOST:PORT or PORT, got {args.tcp!r}")
         return transport.serve_tcp(server, host or "127.0.0.1", int(port))
     return transport.serve_stdio(server)
+
+
+def engine_settings(args):
+    """The server's base settings from --engine/--engine-url (the editor's options still apply over them);
+    None when neither is given. A bad pair is one line, before anything starts."""
+    if args.engine is None and args.engine_url is None:
+        return None
+    from lsp_server.settings import Settings, SettingsError
+
+    options = {key: value for key, value in (("engine", args.engine), ("engineUrl", args.engine_url)) if value}
+    try:
+        return Settings().update(options)
+    except SettingsError as exc:
+        raise SpecdecError(str(exc).replace("engineUrl", "--engine-url")) from None
 
 
 def cmd_stats(args) -> int:
@@ -37,6 +51,9 @@ def register(sub) -> None:
     transport.add_argument("--tcp", help="listen on HOST:PORT instead of stdio (host defaults to 127.0.0.1)")
     p.add_argument("--log-file", help="log here instead of stderr")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    from specdec.backends.remote.cli import add_engine_args
+
+    add_engine_args(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("stats", help="acceptance and latency per language, from the server's metrics")

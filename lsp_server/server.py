@@ -336,8 +336,11 @@ class SpecdecServer(LanguageServer):
         return "".join(parts)
 
 
-def create_server(metrics: MetricsStore | None = None) -> SpecdecServer:
+def create_server(metrics: MetricsStore | None = None, settings: Settings | None = None) -> SpecdecServer:
+    """settings: the base the editor's options apply to (`specdec serve --engine KIND --engine-url URL`)."""
     server = SpecdecServer(metrics)
+    if settings is not None:
+        server.settings = server.service.settings = settings
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: SpecdecServer, params: types.InitializeParams):

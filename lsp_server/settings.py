@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 
+from specdec.backends.remote.cli import ENGINES
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompts.fim import TEMPLATES
 from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS, REPO_INDEX_MAX_TOKENS, REPO_INDEX_TOKENS_LIMIT
@@ -21,7 +22,6 @@ from specdec.models.choices import DRAFT_QUANT, DTYPES, FORWARDS, INT4_KERNELS, 
 from specdec.engine.strategies import STRATEGIES
 
 FIM_FAMILIES = ("", *TEMPLATES)  # "": detect from the tokenizer
-ENGINES = ("local", "llama-server", "vllm", "sglang")
 
 
 class SettingsError(ValueError):

@@ -82,6 +82,11 @@ def cmd_complete(args) -> int:
 
     check_generation_args(args)  # validate everything before the models load
     prefix, suffix = split_at(read_source(args.file), args.line, args.col)
+    from specdec.backends.remote.cli import check_engine_args
+
+    engine = check_engine_args(args)
+    if engine:
+        return complete_remotely(args, engine, prefix, suffix)
     repo = args.repo or (repository_of(args.file) if args.strategy == "repo" else None)
     if repo and not Path(repo).is_dir():
         raise SpecdecError(f"--repo {repo}: not a folder")
@@ -105,6 +110,48 @@ def cmd_complete(args) -> int:
         sys.stdout.write(result.text + ("\n" if not result.text.endswith("\n") else ""))
     if tracing:
         write_trace(args, result.trace, completer.session.tokenizer)
+    return 0
+
+
+def complete_remotely(args, engine: str, prefix: str, suffix: str) -> int:
+    """`specdec complete --engine KIND --engine-url URL`: the same completion from a shared engine; --json and
+    --trace report the engine's own speculation counts (or that it reported none)."""
+    from types import SimpleNamespace
+
+    from specdec.backends.remote.backend import RemoteBackend
+    from specdec.backends.remote.cli import EngineSettings
+
+    backend = RemoteBackend(engine)
+    backend.load(EngineSettings(engine, args.engine_url.strip(), target=args.target))
+    if not backend.ready:
+        raise SpecdecError(backend.error)
+    request = SimpleNamespace(prefix=prefix, suffix=suffix, path=args.file, workspace="", language="",
+                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                              seed=args.seed)
+    result = backend.complete(request)
+    if result.stop_reason == "error":
+        raise SpecdecError(backend.health.reason or f"{engine} at {backend.endpoint.shown} did not answer")
+    s = result.stats
+    if args.json:
+        drafted, accepted, passes = s["drafted"], s["accepted"], s["target_passes"]
+        stats = {"engine": engine, "speculation": s["speculation"], "target_passes": passes, "drafted": drafted,
+                 "accepted": accepted, "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+                 "tokens_per_pass": round(s["new_tokens"] / passes, 4) if passes else None,
+                 "new_tokens": s["new_tokens"], "seconds": round(s["seconds"], 4), "stop_reason": result.stop_reason}
+        print(json.dumps({"text": result.text, "stats": stats}))
+    else:
+        sys.stdout.write(result.text + ("\n" if not result.text.endswith("\n") else ""))
+    if args.trace or args.trace_json:
+        recorded = result.trace.as_dict()
+        if args.trace_json:
+            with open(args.trace_json, "w", encoding="utf-8") as f:
+                json.dump(recorded, f, indent=1)
+        if args.trace:
+            counts = ("not reported" if recorded["speculation"] == "not reported" else
+                      f"{recorded['accepted']} of {recorded['drafted']} drafted tokens accepted over "
+                      f"{recorded['target_passes'] or '?'} passes ({recorded['speculation']})")
+            (sys.stderr if args.json else sys.stdout).write(f"\n{engine}: {recorded['new_tokens']} tokens; "
+                                                            f"speculation {counts}; per pass: not sent by engines\n")
     return 0
 
 
@@ -147,4 +194,7 @@ def register(sub) -> None:
                    help="print the completion again marked by what produced each token, then a table per pass and "
                         "per drafter source (colours on a terminal; docs/architecture.md: trace_render.py)")
     p.add_argument("--trace-json", metavar="FILE", help="write the pass trace as JSON to FILE")
+    from specdec.backends.remote.cli import add_engine_args
+
+    add_engine_args(p)
     p.set_defaults(func=cmd_complete)

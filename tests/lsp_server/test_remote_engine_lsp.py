@@ -26,12 +26,12 @@ UTIL = "def sub(a, b):\n    return a - b\n"
 class Server(rc.RawServer):
     """RawServer keeping the server's window/showMessage notifications."""
 
-    def __init__(self, tmp_path, key: str = KEY):
+    def __init__(self, tmp_path, key: str = KEY, args=()):
         import os
 
-        os.environ["SPECDEC_ENGINE_API_KEY"] = key  # the child inherits it; removed in close()
+        os.environ["SPECDEC_ENGINE_API_KEY"] = key  # the child inherits it
         try:
-            super().__init__(tmp_path)
+            super().__init__(tmp_path, args)
         finally:
             del os.environ["SPECDEC_ENGINE_API_KEY"]
         self.messages: list[dict] = []
@@ -74,8 +74,8 @@ class Server(rc.RawServer):
 def server(tmp_path):
     made = []
 
-    def make(key: str = KEY):
-        made.append(Server(tmp_path, key))
+    def make(key: str = KEY, args=()):
+        made.append(Server(tmp_path, key, args))
         return made[-1]
 
     yield make
@@ -212,3 +212,13 @@ def test_cancel_request_closes_the_connection_at_the_engine(server):
         reply = s.reply("slow")
     assert post["ended"] == "closed"
     assert "error" in reply or not reply.get("result")
+
+
+def test_serve_engine_flags_are_the_base_settings(server):
+    with FakeEngine("vllm", ["return a + b"]) as engine:
+        s = server(args=("--engine", "vllm", "--engine-url", engine.url))
+        s.initialize({"debounceMs": 0})  # the editor's options apply over the flags
+        s.send(rc.notification("textDocument/didOpen", {"textDocument": {
+            "uri": DOC, "languageId": "python", "version": 1, "text": TEXT}}))
+        assert s.inline(1) == ["return a + b"]
+        assert s.stats()["engine"]["kind"] == "vllm" and engine.posts[-1]["path"] == "/v1/completions"
