@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import asdict
@@ -55,7 +56,22 @@ def register(sub) -> None:
     lst.add_argument("--json", action="store_true")
     asub.add_parser("show").add_argument("name", help="KEY or KEY@VERSION")
     asub.add_parser("remove").add_argument("name", help="KEY (all versions) or KEY@VERSION")
-    exp = asub.add_parser("export")
+    exp = asub.add_parser(
+        "export", help="write an adapter as a .tar.gz (to share, or to hand to a shared engine)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write the adapter (PEFT files: adapter_config.json, adapter_model.safetensors, meta.json) as a "
+                    ".tar.gz.",
+        epilog="Handing it to a shared engine (docs/teams.md): unpack it on the engine's machine and serve it under "
+               "the repository's key\n(`specdec adapters list` shows it; characters other than letters, digits, "
+               "'.', '_' and '-' become '-'),\nthe name specdec asks the engine for when it completes that "
+               "repository:\n"
+               "  vLLM:         vllm serve BASE --enable-lora --lora-modules KEY=/path/to/KEY-vN\n"
+               "  SGLang:       python -m sglang.launch_server --model-path BASE --enable-lora "
+               "--lora-paths KEY=/path/to/KEY-vN\n"
+               "  llama-server: convert it with llama.cpp's convert_lora_to_gguf.py --base BASE_DIR to KEY.gguf,\n"
+               "                then llama-server -m BASE.gguf --lora KEY.gguf --lora-init-without-apply\n"
+               "The adapter is LoRA for the base it was trained on (meta.json: base_draft); the engine must "
+               "serve that base.")
     exp.add_argument("name", help="KEY or KEY@VERSION (default: latest)")
     exp.add_argument("file", help="archive to write (.tar.gz)")
     imp = asub.add_parser("import")
