@@ -43,9 +43,14 @@ class Server(rc.RawServer):
             return False
         if message.get("method") == "window/showMessage":
             self.messages.append(message["params"])
-            return True
-        self._inbox.put(message)  # everything else as RawServer reads it
-        return super()._drain(0)
+        elif "method" in message:  # a request from the server (progress and the like): say yes
+            if "id" in message:
+                self.send({"jsonrpc": "2.0", "id": message["id"], "result": None})
+        elif message.get("id") is None:
+            self.nulls.append(message)
+        else:
+            self.replies[message["id"]] = message
+        return True
 
     def start(self, engine: str, url: str, **options):
         self.initialize({"engine": engine, "engineUrl": url, "debounceMs": 0, **options})
