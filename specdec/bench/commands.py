@@ -51,6 +51,9 @@ def register(sub) -> None:
     p.add_argument("--repo", action="append", default=[], metavar="PKG",
                    help="repository benchmark: pinned PyPI packages (name==version) or local folders, repeated or "
                         "comma-separated; with --editor: the folder whose index the typing replay runs with")
+    p.add_argument("--engine", choices=("local", "llama-server", "vllm", "sglang"),
+                   help="also run the holes through a remote engine (rows engine-1, ...); docs/teams.md")
+    p.add_argument("--engine-url", metavar="URL[,URL...]", help="the engine's base URL; several: one row each")
     runners: list[Runner] = [kernels.register(p)]
     runners += [plugin.load()(p) for plugin in entry_points(group=BENCH_GROUP)]  # editor, finetune
     p.set_defaults(func=cmd_bench, bench_runners=runners)

@@ -121,8 +121,12 @@ def run_bench(args) -> int:
     from specdec.bench import llama
     from specdec.errors import SpecdecError
 
+    from specdec.bench.engine_rows import start_engines
+
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    known = HF + OURS + llama.STRATEGIES
+    engines = start_engines(args)  # --engine: remote engines' rows beside ours
+    strategies += [name for name in engines if name not in strategies]
+    known = HF + OURS + llama.STRATEGIES + list(engines)
     unknown = [s for s in strategies if s not in known]
     if unknown:
         raise SpecdecError(f"unknown strategies {unknown}; known: {', '.join(known)}")
@@ -133,10 +137,13 @@ def run_bench(args) -> int:
         if not strategies:
             print("nothing left to run: every strategy asked for was skipped", flush=True)
             return 1
-        return _run(args, strategies, anchors, skipped)
+        return _run(args, strategies, anchors, skipped, engines)
 
 
-def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str]) -> int:
+def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], engines: dict | None = None) -> int:
+    from specdec.bench.engine_rows import label as engine_label, run_engine
+
+    engines = engines or {}
     from specdec.bench.workload import SOURCES, load_workload, local_sources
     from specdec.prompts.completion import Completer
     from specdec.engine.session import GenerationConfig, Session
@@ -219,6 +226,8 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str]) ->
                            drafted=result.drafted, accepted=result.accepted,
                            acceptance_rate=result.accepted / result.drafted if result.drafted else 0.0,
                            prefill_computed=result.prompt_tokens, prefill_seconds=result.prompt_ms / 1000)
+            elif strategy in engines:
+                tokens = run_engine(engines[strategy], hole, args, row, tokenizer)
             else:
                 tokens = run_ours(session, drafters[strategy], strategy, prompt, previous, config, args.cold, row)
             if reference is None:
@@ -231,7 +240,8 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str]) ->
             row["peak_rss_mb"] = round(server_rss if server_rss is not None else peak_rss_mb())
             row["text"] = tokenizer.decode(tokens)
             rows.append(row)
-            print(f"  {hole.name:28} {label(strategy, anchors):12} {row['new_tokens']:3d} tok {row['seconds']:6.2f}s "
+            name = engine_label(engines[strategy]) if strategy in engines else label(strategy, anchors)
+            print(f"  {hole.name:28} {name:12} {row['new_tokens']:3d} tok {row['seconds']:6.2f}s "
                   f"{row['tokens_per_second']:5.2f} tok/s equal={row['equals_plain']}{tree_note(row)}", flush=True)
 
     if curve is not None:
@@ -241,7 +251,8 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str]) ->
         return 1
     summary = summarize(rows, strategies)
     summary["machine_read_gbps"] = machine["read_gbps"]
-    print_tables(summary, strategies, {s: label(s, anchors) for s in strategies})
+    print_tables(summary, strategies, {s: engine_label(engines[s]) if s in engines else label(s, anchors)
+                                       for s in strategies})
     print_llama_notes(anchors, skipped)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
