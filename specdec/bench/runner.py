@@ -126,7 +126,7 @@ def run_bench(args) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     engines = start_engines(args)  # --engine: remote engines' rows beside ours
     strategies += [name for name in engines if name not in strategies]
-    known = HF + OURS + llama.STRATEGIES + list(engines)
+    known = [*HF, *OURS, *llama.STRATEGIES, *engines]
     unknown = [s for s in strategies if s not in known]
     if unknown:
         raise SpecdecError(f"unknown strategies {unknown}; known: {', '.join(known)}")
