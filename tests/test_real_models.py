@@ -58,3 +58,38 @@ def test_default_pair_lossless_in_fp32(real_cache):
     for strategy, (tokens, stats) in out.items():
         assert tokens == out["plain"][0], strategy
     assert out["draft"][1].tokens_per_pass > 1.5
+
+
+NATIVE_HOLES = [(HOLE_PREFIX, HOLE_SUFFIX),
+                ("import math\n\ndef circle_area(radius):\n    return ", "\n\ndef main():\n    print(circle_area(2))\n"),
+                ("class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n        ",
+                 "\n\n    def pop(self):\n        return self.items.pop()\n")]
+
+
+@pytest.mark.slow
+def test_default_pair_on_the_native_forward_gives_plain_output_for_every_strategy(real_cache):
+    """The default configuration (int4 target on the native forward, int8 draft on transformers): every strategy's
+    greedy output equals plain greedy's, bit for bit, on a few holes."""
+    from specdec.engine.drafters.repo_index import RepoIndex
+    from specdec.engine.strategies import STRATEGIES
+    from specdec.models.loading import load_pair
+    from specdec.models.store import pull
+    from specdec.native.loading import why_not_native
+
+    pull(DEFAULT_TARGET)
+    pull(DEFAULT_DRAFT)
+    reason, _ = why_not_native(DEFAULT_TARGET)
+    if reason:
+        pytest.skip(f"the native forward cannot run here: {reason}")
+    pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, target_quant="auto", forward="native")
+    tokenizer = pair.target.tokenizer
+    index = RepoIndex()
+    index.add("/w/stack.py", tokenizer.encode(NATIVE_HOLES[2][0] + "self.items.append(item)\n"))
+    outputs = {}
+    for strategy in STRATEGIES:
+        session = make_session(pair.target.model, tokenizer, strategy, pair.draft.model, repo_index=index)
+        completer = Completer.for_session(session)
+        outputs[strategy] = [completer.complete(prefix, suffix, GenerationConfig(32)).tokens
+                             for prefix, suffix in NATIVE_HOLES]
+    for strategy, tokens in outputs.items():
+        assert tokens == outputs["plain"], strategy
