@@ -28,6 +28,7 @@ def start_engines(args) -> dict:
     for i, url in enumerate(urls if kind else [], 1):
         backend = RemoteBackend(kind)
         backend.total_s = backend.stall_s = 600.0  # a benchmark waits for slow machines
+        backend.predict_ms = 0  # and lets every row generate its --max-new-tokens (no engine-side time cap)
         backend.load(EngineSettings(kind, url, target=args.target, max_prefix_tokens=args.max_prefix_tokens,
                                     max_suffix_tokens=args.max_suffix_tokens))
         if not backend.ready or backend.health.state != "ok":

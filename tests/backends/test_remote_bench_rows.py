@@ -36,6 +36,7 @@ def test_engine_rows_per_url(monkeypatch):
         run_engine(engines["engine-2"], hole, args, unreported, Tokenizer())
     assert tokens == [ord(c) for c in "return a + b"]
     assert [p["body"]["n_predict"] for p in posts] == [1, 48]  # the previous keystroke warms the cache first
+    assert "t_max_predict_ms" not in posts[1]["body"]  # no time cap: every row runs to its token budget
     assert posts[0]["body"]["prompt"] == "   " and posts[1]["body"]["prompt"] == "    "
     assert (row["new_tokens"], row["drafted"], row["accepted"], row["target_passes"]) == (4, 8, 2, 2)
     assert row["mode"] == "warm" and row["seconds"] > 0

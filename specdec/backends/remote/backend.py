@@ -91,6 +91,7 @@ class RemoteBackend:
         self._counters: dict | None = None  # vLLM's last Prometheus scrape, for the fallback deltas
         self._prometheus = kind == "vllm"  # False once /metrics turned out not to have the counters
         self.connect_s, self.stall_s, self.total_s = CONNECT_S, STALL_S, TOTAL_S
+        self.predict_ms = PREDICT_MS  # llama-server's own time cap per completion; 0: none (the benchmark)
         self.speculation_source = NOT_REPORTED  # how the last request's speculation was known
         # a workspace folder -> its repository's key in the adapter registry (the server's registry lookup;
         # specdec itself does not import the registry)
@@ -177,7 +178,7 @@ class RemoteBackend:
         text = fim_prompt.build(template, prefix, suffix, getattr(request, "path", "") or "", chunks,
                                 Path(workspace).name if workspace else "")
         return EngineRequest(prefix, suffix, text, chunks, list(template.stop_tokens), request.max_new_tokens,
-                             PREDICT_MS, request.temperature, getattr(request, "top_p", 1.0),
+                             self.predict_ms, request.temperature, getattr(request, "top_p", 1.0),
                              getattr(request, "seed", None), adapter or self.model, adapter,
                              self.adapters.get(adapter) if adapter else None)
 
