@@ -14,7 +14,7 @@ import { parseArgs } from "node:util";
 import { Page, chromium } from "playwright-core";
 
 const USAGE = `node out/test/e2e/run.js --vsix specdec.vsix --workspace DIR --file demo.py --line 2 --column 5
-    --settings settings.json [--type r] [--screenshot ghost.png] [--speculation] [--kill-server PATTERN] [--toggle] [--finetune] [--timeout 900] [--code-server entry.js] [--chromium PATH]
+    --settings settings.json [--type r] [--screenshot ghost.png] [--speculation] [--kill-server PATTERN] [--toggle] [--finetune] [--timeout 900] [--code-server entry.js] [--chromium PATH] [--viewport 1280x720]
 Runs code-server + headless chromium with the .vsix installed (tools: vscode-client/e2e/install-tools.sh),
 types at line:column, waits for the ghost text, accepts it with Tab, saves, opens the stats view; with
 --speculation opens "Show speculation of the last completion", waits for its passes, types for a new completion
@@ -22,7 +22,7 @@ and waits for the view to redraw it (with p and q: recorded once a client asked)
 --kill-server kills the language server (pkill -f PATTERN; write it so it does not match this command line, e.g.
 "[s]pecdec serve") and waits for the visible restart; with --toggle runs "Toggle completions" and types again
 (no ghost text may appear), then on again; with --finetune runs "Fine-tune draft on this repository" and waits
-for the result message. Prints one JSON line.
+for the result message. --viewport sizes the browser page (the screenshots). Prints one JSON line.
 `;
 /** Every wait's ceiling (--timeout): each waits on a state the editor or the server shows, so the ceiling only
  * ends a run that is stuck; a machine busy with other work (CI beside a compile) may take minutes. */
@@ -243,6 +243,7 @@ async function main(): Promise<void> {
       settings: { type: "string" }, screenshot: { type: "string" }, timeout: { type: "string", default: "900" },
       chromium: { type: "string", default: "/usr/bin/chromium" }, "kill-server": { type: "string" },
       toggle: { type: "boolean" }, finetune: { type: "boolean" }, speculation: { type: "boolean" }, type: { type: "string", default: "r" }, help: { type: "boolean" },
+      viewport: { type: "string", default: "1280x720" },
     },
   });
   if (values.help) {
@@ -259,6 +260,10 @@ async function main(): Promise<void> {
     }
   }
   ceilingMs = Number(values.timeout) * 1000;
+  const viewport = /^(\d+)x(\d+)$/.exec(values.viewport!);
+  if (!viewport) {
+    fail(`--viewport takes WIDTHxHEIGHT, e.g. 1280x720 (got ${values.viewport})`);
+  }
   const workspace = path.resolve(values.workspace!);
   const file = path.join(workspace, values.file!);
   const before = fs.readFileSync(file, "utf8");
@@ -292,7 +297,7 @@ async function main(): Promise<void> {
   };
   process.on("exit", stopServer);
   const browser = await chromium.launch({ executablePath: values.chromium, args: CHROMIUM_FLAGS, headless: true });
-  const page = await browser.newPage({ viewport: { width: 1280, height: 720 } });
+  const page = await browser.newPage({ viewport: { width: Number(viewport[1]), height: Number(viewport[2]) } });
   try {
     await waitFor("code-server to listen", async () => (await fetch(`http://127.0.0.1:${port}/healthz`)).ok, ceilingMs);
     await page.goto(`http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}`);
