@@ -146,6 +146,13 @@ async function speculationView(page: Page): Promise<SpeculationView | undefined>
  * the view to redraw the new completion by itself, p and q recorded (the server records them once asked). */
 async function showSpeculation(page: Page, text: string, screenshot: string | undefined):
   Promise<{ first: SpeculationView; redrawn: SpeculationView }> {
+  // the stats view's column goes to this one, whose tables and trees need the width (the screenshot)
+  const statsTab = page.locator(".tabs-container .tab", { hasText: "specdec stats" });
+  if (await statsTab.count()) {
+    await statsTab.click();
+    await statsTab.locator(".tab-actions .action-label[aria-label^='Close']").click();
+    await statsTab.waitFor({ state: "detached", timeout: ceilingMs });
+  }
   await runCommand(page, "specdec: Show speculation of the last completion");
   const first = await waitFor("the speculation view to draw the last completion", () => speculationView(page),
     ceilingMs, 500);
