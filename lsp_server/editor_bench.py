@@ -36,6 +36,7 @@ from lsp_server import editor_llama
 from lsp_server.llama_anchor import InfillRules
 from lsp_server.metrics import load_records, percentile
 from lsp_server.settings import Settings, SettingsError
+from specdec.backends import llama_server
 from specdec.bench import llama
 from specdec.bench.workload import SOURCES, fetch
 from specdec.errors import SpecdecError
@@ -287,10 +288,10 @@ def replay_llama(args, sessions: list[TypingSession]) -> tuple[list[editor_llama
         settings = Settings().update(server_options(args))
     except SettingsError as exc:
         raise SpecdecError(str(exc)) from None
-    binary = llama.find_server()
+    binary = llama_server.find_server()
     if binary is None:
         print(f"llama.cpp is not installed: skipping the llama-server replay. Install it with:\n  "
-              f"{llama.INSTALL_HINT}", flush=True)
+              f"{llama_server.INSTALL_HINT}", flush=True)
         return None
     gguf = target_gguf(settings.target)
     if gguf is None:

@@ -5,7 +5,7 @@ keystroke the request in flight, if any, is cancelled by closing its connection 
 drops a task whose connection closed); then the client's own cache answers if it can — llama.vim's
 cache: the same text again, or a suggestion that the characters typed since continue (its
 look-back over the last 128 characters; our server's type-ahead rule) — and otherwise a new
-`/infill` request goes out: llama.vim's layout (lsp_server.llama_anchor, specdec.bench.llama_infill),
+`/infill` request goes out: llama.vim's layout (lsp_server.llama_anchor, specdec.backends.llama_server),
 greedy, `cache_prompt` on, its `t_max_prompt_ms`/`t_max_predict_ms`, of the text window and token
 budget our server uses; streamed, since llama-server cancels only a streamed request whose
 connection closed, and answered when its last event arrives (llama.vim shows a whole reply). A
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from lsp_server.llama_anchor import InfillRules
 from lsp_server.metrics import percentile
-from specdec.bench import llama_infill
+from specdec.backends import llama_server
 
 LOOK_BACK = 128  # characters llama.vim looks back for a cached suggestion the typing continues
 CACHE_KEYS = 250  # llama.vim's max_cache_keys
@@ -99,23 +99,23 @@ class LlamaReplay:
             record.status, record.done = ("served" if record.text else "empty"), time.perf_counter()
             return None
         ctx, local = self.rules.cursor(self.language, prefix, suffix)
-        payload = llama_infill.vim_request(local, self.rules.settings.max_new_tokens, stream=True)
+        payload = llama_server.vim_request(local, self.rules.settings.max_new_tokens, stream=True)
         record.source = "model"
 
         async def send() -> None:
-            streamed = llama_infill.StreamedInfill()
+            streamed = llama_server.StreamedInfill()
 
             def gather(event: dict) -> bool:
                 streamed.add(event)
                 return False  # the whole reply, as llama.vim takes it
 
             try:
-                await llama_infill.stream(self.port, "/infill", payload, gather)
+                await llama_server.stream(self.port, "/infill", payload, gather)
                 reply = streamed.reply()
             except asyncio.CancelledError:
                 record.status, record.done = "cancelled", time.perf_counter()
                 raise
-            except (OSError, ValueError, llama_infill.HttpError):
+            except (OSError, ValueError, llama_server.HttpError):
                 record.status, record.done = "error", time.perf_counter()
                 return
             record.text, _, _ = self.rules.answer(ctx, reply)

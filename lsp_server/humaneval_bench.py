@@ -27,6 +27,7 @@ from pathlib import Path
 from lsp_server import syntax
 from lsp_server.service import CompletionRequest, ModelHost
 from lsp_server.settings import Settings, SettingsError
+from specdec.backends import llama_server
 from specdec.bench import humaneval, llama
 from specdec.bench.sandbox import run_program
 from specdec.engine.strategies import STRATEGIES, needs_draft_model
@@ -38,7 +39,7 @@ LLAMA_INFILL = "llama-infill"  # the configuration that asks llama-server's /inf
 
 
 def complete(host: ModelHost, task: humaneval.InfillTask, settings: Settings) -> tuple[str, object]:
-    """The server's answer for a cursor at the hole: (the item's insert text, the Generation)."""
+    """The server's answer for a cursor at the hole: (the item's insert text, the CompletionResult)."""
     from specdec.engine.session import CancelToken
 
     request = CompletionRequest(f"file:///humaneval/{DOCUMENT}", "python", "", task.prefix, task.suffix,
@@ -56,19 +57,20 @@ def applied(task: humaneval.InfillTask, text: str) -> str:
 
 def evaluate(host: ModelHost | None, tasks: list[humaneval.InfillTask], settings: Settings, config: str,
              timeout: float, log=print, on_row=lambda row: None, answer=None) -> list[dict]:
-    """answer(task) -> (insert text, Generation): the server's by default, or another server's (llama-infill)."""
+    """answer(task) -> (insert text, CompletionResult): the server's by default, or another server's (llama-infill)."""
     answer = answer or (lambda task: complete(host, task, settings))
     rows = []
     for task in tasks:
         text, generation = answer(task)
         outcome = run_program(task.program(applied(task, text)), timeout)
-        stats = generation.stats
+        stats = generation.stats  # a backend result's stats: GenerationStats' fields
         row = {"task_id": task.task_id, "config": config, "text": text, "middle": task.middle,
                "passed": outcome.passed, "status": outcome.status, "detail": outcome.detail,
                "exact": text.rstrip() == task.middle.rstrip(), "stop_reason": generation.stop_reason,
-               "new_tokens": stats.new_tokens, "seconds": stats.seconds, "prefill_seconds": stats.prefill_seconds,
-               "prefill_computed": stats.prefill_computed, "prefill_reused": stats.prefill_reused,
-               "tokens_per_second": stats.new_tokens / stats.seconds if stats.seconds else 0.0}
+               "new_tokens": stats["new_tokens"], "seconds": stats["seconds"],
+               "prefill_seconds": stats["prefill_seconds"], "prefill_computed": stats["prefill_computed"],
+               "prefill_reused": stats["prefill_reused"],
+               "tokens_per_second": stats["new_tokens"] / stats["seconds"] if stats["seconds"] else 0.0}
         rows.append(row)
         on_row(row)
         log(f"  {config:14} {task.task_id:42} {outcome.status:9} exact={row['exact']!s:5} "
@@ -176,9 +178,9 @@ def llama_anchor(settings: Settings):
     """A runner of the llama-infill configuration on the target's GGUF, or None (said why) when it cannot run."""
     from specdec.models.store import target_gguf
 
-    binary = llama.find_server()
+    binary = llama_server.find_server()
     if binary is None:
-        print(f"llama.cpp is not installed: skipping {LLAMA_INFILL}. Install it with:\n  {llama.INSTALL_HINT}",
+        print(f"llama.cpp is not installed: skipping {LLAMA_INFILL}. Install it with:\n  {llama_server.INSTALL_HINT}",
               flush=True)
         return None
     gguf = target_gguf(settings.target)

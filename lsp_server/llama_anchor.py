@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 
 from lsp_server import syntax
 from lsp_server.settings import Settings
-from specdec.bench import llama_infill
+from specdec.backends.base import CompletionResult
+from specdec.backends import llama_server
 from specdec.engine.session import Generation, GenerationStats, accept_tokens
 from specdec.prompts import fim
 
@@ -42,14 +43,14 @@ class InfillRules:
         stops = fim.stop_token_ids(tokenizer, fim.detect(tokenizer, settings.fim_family or None))
         return cls(tokenizer, frozenset(stops), settings)
 
-    def cursor(self, language: str, prefix: str, suffix: str) -> tuple[syntax.CursorContext, llama_infill.LocalContext]:
+    def cursor(self, language: str, prefix: str, suffix: str) -> tuple[syntax.CursorContext, llama_server.LocalContext]:
         """Our cursor analysis (as ModelHost.generate applies it) and llama.vim's context of the text we keep."""
         ctx = syntax.analyze(language, prefix, suffix)
         if not self.settings.multiline:
             ctx = replace(ctx, multiline=False)
         kept_prefix, kept_suffix = fim.window(self.tokenizer, prefix, suffix, self.settings.max_prefix_tokens,
                                               self.settings.max_suffix_tokens)
-        return ctx, llama_infill.local_context(kept_prefix, kept_suffix)
+        return ctx, llama_server.local_context(kept_prefix, kept_suffix)
 
     def accept(self, ctx: syntax.CursorContext, new: list[int], out: list[int]) -> tuple[str, str | None]:
         """Tokens as they come, checked as the engine checks its own: ("", None) while generation may go on."""
@@ -64,19 +65,19 @@ class InfillRules:
         text = cut if cut is not None else self.tokenizer.decode(out)
         return syntax.finalize(ctx, text, reason), reason
 
-    def answer(self, ctx: syntax.CursorContext, reply: llama_infill.InfillReply) -> tuple[str, str, list[int]]:
+    def answer(self, ctx: syntax.CursorContext, reply: llama_server.InfillReply) -> tuple[str, str, list[int]]:
         """A whole (non-streamed) reply through the rules: (text, stop reason, the tokens kept)."""
         out: list[int] = []
         reason, cut = self.accept(ctx, reply.tokens, out)
         text, reason = self.finish(ctx, out, reason, cut, reply.stop_type)
         return text, reason, out
 
-    def complete(self, port: int, language: str, prefix: str, suffix: str) -> tuple[str, Generation]:
+    def complete(self, port: int, language: str, prefix: str, suffix: str) -> tuple[str, CompletionResult]:
         """One completion streamed from llama-server, its connection closed as soon as our rules end it (as
-        our generation stops there), the same token budget as ours. Returns (text, Generation)."""
+        our generation stops there), the same token budget as ours. Returns (text, CompletionResult)."""
         ctx, local = self.cursor(language, prefix, suffix)
-        payload = llama_infill.stream_request(local, self.settings.max_new_tokens)
-        streamed = llama_infill.StreamedInfill()
+        payload = llama_server.stream_request(local, self.settings.max_new_tokens)
+        streamed = llama_server.StreamedInfill()
         out: list[int] = []
         ending: list = ["", None]
 
@@ -87,10 +88,10 @@ class InfillRules:
             return bool(reason)
 
         started = time.perf_counter()
-        asyncio.run(llama_infill.stream(port, "/infill", payload, on_event))
+        asyncio.run(llama_server.stream(port, "/infill", payload, on_event))
         seconds = time.perf_counter() - started
         text, reason = self.finish(ctx, out, ending[0], ending[1], streamed.stop_type)
         stats = GenerationStats(strategy="llama-infill", new_tokens=len(out), produced=len(out) + (reason == "eos"),
                                 prefill_computed=streamed.prompt_n, prefill_reused=streamed.cache_n,
                                 prefill_seconds=streamed.prompt_ms / 1000, seconds=seconds)
-        return text, Generation(out, text, reason, stats)
+        return text, CompletionResult.from_generation(Generation(out, text, reason, stats))

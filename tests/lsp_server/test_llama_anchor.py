@@ -14,7 +14,8 @@ from test_humaneval_bench import DocumentCompleter, host_with
 from lsp_server import humaneval_bench
 from lsp_server.llama_anchor import InfillRules
 from lsp_server.settings import Settings
-from specdec.bench import humaneval, llama_infill
+from specdec.backends import llama_server
+from specdec.bench import humaneval
 
 TAIL = "\n\n\nprint('the file goes on')\n" + "".join(f"x_{i} = {i}\n" for i in range(20))
 
@@ -65,13 +66,13 @@ def test_a_whole_reply_ends_at_a_stop_token_or_the_budget_as_ours_would(rules):
     ctx, _ = rules.cursor("python", "def f(x):\n    return ", "\n")
     ids = tok.encode("x + 1", add_special_tokens=False)
     stop = tok.get_vocab()["<|file_sep|>"]
-    reply = llama_infill.InfillReply("", ids + [stop] + ids, "limit", 2 * len(ids) + 1)
+    reply = llama_server.InfillReply("", ids + [stop] + ids, "limit", 2 * len(ids) + 1)
     text, reason, kept = rules.answer(ctx, reply)
     assert (text, reason, kept) == ("x + 1", "eos", ids)  # our stop ids, not llama.cpp's, end it
     budget = InfillRules(tok, rules.stop_ids, Settings().update({"maxNewTokens": 2}))
-    text, reason, kept = budget.answer(ctx, llama_infill.InfillReply("", ids, "limit", len(ids)))
+    text, reason, kept = budget.answer(ctx, llama_server.InfillReply("", ids, "limit", len(ids)))
     assert reason == "max_tokens" and kept == ids[:2] and text == tok.decode(ids[:2]).rstrip()
-    text, reason, _ = rules.answer(ctx, llama_infill.InfillReply("", ids, "eos", len(ids)))
+    text, reason, _ = rules.answer(ctx, llama_server.InfillReply("", ids, "eos", len(ids)))
     assert (text, reason) == ("x + 1", "eos")  # llama.cpp ended it first: its reason, in our words
 
 

@@ -169,15 +169,15 @@ def test_the_host_drafts_from_other_documents_only(model_dirs, strategy):
         return host.executor.submit(host.generate, request, ctx, settings, CancelToken()).result(60)[1]
 
     reference = complete()  # the index is empty: nothing from it
-    assert reference.tokens and "repo" not in reference.stats.drafted_by
+    assert reference.tokens and "repo" not in reference.stats["drafted_by"]
     prefix_ids = host.completer.session.tokenizer(prefix, add_special_tokens=False)["input_ids"]
     host.repo_index.add("/w/other.py", prefix_ids + reference.tokens)
 
     result = complete()
     assert result.tokens == reference.tokens  # lossless
-    assert result.stats.accepted_by.get("repo", 0) >= 1
+    assert result.stats["accepted_by"].get("repo", 0) >= 1
 
     request.document = "/w/other.py"  # completing other.py itself: its own text is not drafted from
     result = complete()
-    assert result.tokens == reference.tokens and "repo" not in result.stats.drafted_by
+    assert result.tokens == reference.tokens and "repo" not in result.stats["drafted_by"]
     assert host.idle.is_set()  # background indexing may go on again

@@ -11,6 +11,7 @@ import pytest
 from lsp_server.metrics import MetricsStore
 from lsp_server.service import CompletionRequest, CompletionService
 from lsp_server.settings import Settings, SettingsError
+from specdec.backends import CompletionResult
 from specdec.engine.session import GenerationStats
 
 
@@ -34,12 +35,12 @@ class FakeHost:
         for ch in self.text:
             if cancel.cancelled:
                 self.cancelled_at.append(len(out))
-                return out, SimpleNamespace(stop_reason="cancelled", stats=GenerationStats())
+                return out, CompletionResult(out, "cancelled", GenerationStats().as_dict())
             time.sleep(self.step)
             out += ch
         stats = GenerationStats(new_tokens=len(out), produced=len(out) + 1, drafted=10, accepted=7, target_passes=4,
                                 seconds=0.3)
-        return out, SimpleNamespace(stop_reason="eos", stats=stats)
+        return out, CompletionResult(out, "eos", stats.as_dict())
 
 
 def service(tmp_path, host=None, **settings):
@@ -387,7 +388,7 @@ def test_reconfiguration_waits_for_the_running_generation(tiny_pair):
     assert session.drafter is drafter and host.completer.max_suffix_tokens == 64  # not under the generation
     go.set()
     result = job.result(10)
-    assert result.stop_reason in ("max_tokens", "eos") and result.stats.drafted > 0
+    assert result.stop_reason in ("max_tokens", "eos") and result.stats.drafted > 0  # the engine's Generation
     host.executor.submit(lambda: None).result(10)  # the swaps were queued behind it
     assert session.drafter is None and session.strategy == "plain" and host.completer.template.family == "starcoder"
     assert (host.completer.max_suffix_tokens, host.completer.max_prefix_tokens) == (8, 256)

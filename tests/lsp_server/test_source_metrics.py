@@ -148,11 +148,12 @@ def test_source_timeline_is_a_running_window_over_the_requests_each_source_draft
     assert series["draft"] == [{"time": 1.5, "acceptance_rate": 1.0, "tokens_per_pass": 4.0}]
 
 
-def test_from_generation_keeps_every_source_the_engine_counted():
+def test_from_stats_keeps_every_source_the_engine_counted():
     stats = GenerationStats(drafted_by={"lookup": 7, "draft": 5}, accepted_by={"lookup": 3, "draft": 0},
                             passes_by={"lookup": 2, "draft": 1})
-    assert source_metrics.from_generation(stats) == {"draft": counters(5, 0, 1), "lookup": counters(7, 3, 2)}
-    assert source_metrics.from_generation(GenerationStats()) == {}
+    assert source_metrics.from_stats(stats.as_dict()) == {"draft": counters(5, 0, 1), "lookup": counters(7, 3, 2)}
+    assert source_metrics.from_stats(GenerationStats().as_dict()) == {}
+    assert source_metrics.from_stats({}) == {}  # a backend that does not count per source
 
 
 def lines_of(out: str, *cells: str) -> list[list[str]]:

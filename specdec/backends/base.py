@@ -1,0 +1,129 @@
+"""The one backend interface: a serialisable request and result, the `Backend` protocol, `make_backend`.
+
+Torch-free: the server imports it before any model loads. A request carries everything a completion depends on
+(text around the cursor, the file's path, other files' snippets, the generation settings), so it can cross a
+process or a network as JSON; a result carries the text as generated (the server's stop and trim rules,
+lsp_server.syntax, apply to whatever a backend returns), why it stopped, the engine's counters as a dict and,
+when the engine keeps one, its pass trace.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field, fields
+from typing import Callable, Protocol, runtime_checkable
+
+from specdec.errors import SpecdecError
+
+StopPredicate = Callable[[str], "int | None"]  # text so far -> where to cut it, or None to go on
+Report = Callable[[str, int], None]  # (message, percent): a load's progress
+
+KINDS = {"local": "specdec.backends.local:LocalBackend"}  # kind -> "module:class"; remote kinds join here
+
+
+@dataclass
+class CompletionRequest:
+    """One fill-in-the-middle completion, as any backend takes it."""
+
+    prefix: str
+    suffix: str
+    path: str = ""  # the file's path as the prompt names it ("" for none)
+    context: str = ""  # snippets from other open files, already in the model family's format
+    language: str = ""
+    workspace: str = ""  # the workspace folder: which repository adapter the draft uses (local backend)
+    document: str = ""  # the document's key in the repository index: not drafted from while it is completed
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_draft: int = 8
+    trace: bool = False  # record the target's p and the draft's q of every drafted token in the pass trace
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CompletionRequest":
+        """Refuses unknown keys and missing text in one line, rather than completing something else."""
+        if not isinstance(data, dict):
+            raise SpecdecError(f"a completion request is a JSON object, not {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecdecError(f"unknown completion request keys {unknown}; known: {', '.join(sorted(known))}")
+        missing = [key for key in ("prefix", "suffix") if not isinstance(data.get(key), str)]
+        if missing:
+            raise SpecdecError(f"a completion request needs {' and '.join(missing)} as text")
+        return cls(**data)
+
+
+@dataclass
+class CompletionResult:
+    """What a backend returns: the text as generated (not yet trimmed by the server), and how it went."""
+
+    text: str
+    stop_reason: str  # "eos" | "max_tokens" | "stop" | "cancelled"
+    stats: dict = field(default_factory=dict)  # the engine's GenerationStats.as_dict(), or a remote engine's
+    tokens: list[int] = field(default_factory=list)  # the generated token ids (online adaptation learns from them)
+    trace: object = None  # the engine's per-pass trace, when it keeps one
+
+    def to_dict(self) -> dict:
+        trace = self.trace
+        if trace is not None and hasattr(trace, "to_dict"):
+            trace = trace.to_dict()
+        return {"text": self.text, "stop_reason": self.stop_reason, "stats": dict(self.stats),
+                "tokens": [int(t) for t in self.tokens], "trace": trace}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CompletionResult":
+        return cls(data["text"], data["stop_reason"], dict(data.get("stats") or {}), list(data.get("tokens") or []),
+                   data.get("trace"))
+
+    @classmethod
+    def from_generation(cls, generation) -> "CompletionResult":
+        """The engine's Generation (specdec.engine.session) as a result."""
+        stats = generation.stats
+        return cls(generation.text, generation.stop_reason, stats.as_dict() if hasattr(stats, "as_dict") else {},
+                   [int(t) for t in generation.tokens], getattr(generation, "trace", None))
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Where completions are computed. `load` blocks (call it from a thread) and never raises: it ends in state
+    'ready' or 'failed' with `error` set; `progress` is the latest loading step. `complete` runs one request
+    (on whatever thread the caller picks: the local backend's `executor` serialises with its swaps)."""
+
+    kind: str
+    state: str  # idle | loading | ready | failed
+    error: str
+    progress: str
+
+    @property
+    def ready(self) -> bool: ...
+
+    def load(self, settings, report: Report = ...) -> None: ...
+
+    def complete(self, request: CompletionRequest, stop: StopPredicate | None = None,
+                 cancel=None) -> CompletionResult: ...
+
+    def stats(self) -> dict: ...
+
+
+def backend_class(kind: str):
+    """The class registered for `kind` (imported on first use: a remote backend needs no torch)."""
+    if kind not in KINDS:
+        raise SpecdecError(f"unknown backend {kind!r}; known: {', '.join(KINDS)}")
+    module, name = KINDS[kind].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def make_backend(settings=None, cls=None) -> Backend:
+    """The backend the settings ask for (`settings.backend`, `local` where there is no such field), unloaded.
+
+    cls: a subclass of the kind's class to make instead (the server's adds its adapter registry lookup)."""
+    kind = getattr(settings, "backend", "local") or "local"
+    base = backend_class(kind)
+    if cls is not None and not issubclass(cls, base):
+        raise SpecdecError(f"{cls.__name__} is not a {kind} backend")
+    return (cls or base)()
