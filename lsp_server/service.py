@@ -5,6 +5,10 @@ out the debounce (a newer request for the document wins), cancel the document's
 running generation, wait for the model (stale waiters are dropped: newest first), and
 generate in the model's single worker thread with a cancel token the loop checks
 between steps. `$/cancelRequest` cancels the awaiting task, which sets that token.
+
+The models and their worker are the in-process backend's (specdec/backends/local.py); `ModelHost` is that
+backend as the server runs it: adapters from the registry, the settings' errors, and the syntax rules
+(lsp_server/syntax.py) that stop and trim whatever the backend returns.
 """
 
 from __future__ import annotations

@@ -70,8 +70,8 @@ class CompletionResult:
 
     def to_dict(self) -> dict:
         trace = self.trace
-        if trace is not None and hasattr(trace, "to_dict"):
-            trace = trace.to_dict()
+        if trace is not None and hasattr(trace, "as_dict"):  # the engine's Trace (engine/trace.py)
+            trace = trace.as_dict()
         return {"text": self.text, "stop_reason": self.stop_reason, "stats": dict(self.stats),
                 "tokens": [int(t) for t in self.tokens], "trace": trace}
 

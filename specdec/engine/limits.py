@@ -2,7 +2,7 @@
 settings validate against them before anything heavy is imported).
 
 Per-step work must never grow with a setting's value, and an int4 target's verify passes
-(MAX_DRAFT + 1 rows) must stay on its row-independent kernel (specdec/int4.py).
+(MAX_DRAFT + 1 rows) must stay on its row-independent kernel (specdec/models/int4.py).
 """
 
 MAX_DRAFT = 32  # drafted tokens per target pass
