@@ -1,0 +1,208 @@
+// W4A8 and W8A8: the int4 target's and the int8 draft's matmuls on AVX512-VNNI (specdec/models/w4a8.py says
+// why and how: one weight tile unpacked once for every row of a call, int8 dot products on activations
+// rounded per row and group of 32, each output accumulated in one fixed order so a row's bits do not
+// depend on the rows beside it). Built once per machine by specdec/native/build.py (load_inline: the
+// functions below are bound to Python by name, w4a8.FUNCTIONS).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+bool cpu_supported() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma")
+
+static constexpr int BLK = 320;
+static constexpr int BLK8 = 512;
+
+static inline __m512 bf16x16_to_ps(const void* p) {
+  __m256i h = _mm256_loadu_si256((const __m256i*)p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const at::BFloat16* p) { return bf16x16_to_ps(p); }
+
+// One row: int8 codes q[K], per-group scale xs[G] (amax / 127) and exact fp32 sums xsum[G].
+template <typename T>
+static void quantize_row(const T* x, int64_t K, int8_t* q, float* xs, float* xsum) {
+  for (int64_t g = 0; g < K / 32; ++g) {
+    __m512 a = load16(x + 32 * g), b = load16(x + 32 * g + 16);
+    xsum[g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    xs[g] = amax / 127.f;
+    __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));  // round half to even
+    __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+    _mm_storeu_si128((__m128i*)(q + 32 * g), _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128((__m128i*)(q + 32 * g + 16), _mm512_cvtsepi32_epi8(qb));
+  }
+}
+
+// 16 columns' integer dot products over one group of 32: r[j] holds 4 unsigned weights of each column,
+// xp the row's 32 int8 activation codes as 8 words of 4 bytes; two accumulators in a fixed order.
+static inline __m512i group_dot(const __m512i* r, const int32_t* xp) {
+  __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+  for (int j = 0; j < 8; j += 2) {
+    i0 = _mm512_dpbusd_epi32(i0, r[j], _mm512_set1_epi32(xp[j]));
+    i1 = _mm512_dpbusd_epi32(i1, r[j + 1], _mm512_set1_epi32(xp[j + 1]));
+  }
+  return _mm512_add_epi32(i0, i1);
+}
+
+// Calls f(std::integral_constant<int, MB>) for mb rows, 1..8 (more are 8): each tile kernel is a template on MB.
+template <typename F>
+static void by_rows(int mb, F&& f) {
+  switch (mb) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+// MB rows x 16 columns over all G groups of one tile. Block layout: 4 x 64 code bytes P[p] whose low
+// nibble is R[p] and high nibble R[p + 4], R[j] byte i = code[col i / 4][k = 4 j + i % 4] of the group;
+// then 16 bf16 scales and 16 bf16 zeros.
+template <int MB>
+static void tile_kernel(const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
+                        const float* xsum, float* out, int64_t ldo) {
+  __m512 acc[MB], accm[MB];
+  for (int m = 0; m < MB; ++m) { acc[m] = _mm512_setzero_ps(); accm[m] = _mm512_setzero_ps(); }
+  const __m512i lo = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* b = w + g * BLK;
+    for (int c = 0; c < BLK; c += 64) _mm_prefetch((const char*)(b + 8 * BLK + c), _MM_HINT_T0);
+    __m512i r[8];
+    for (int p = 0; p < 4; ++p) {
+      __m512i v = _mm512_loadu_si512((const void*)(b + 64 * p));
+      r[p] = _mm512_and_si512(v, lo);
+      r[p + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo);
+    }
+    __m512 sc = bf16x16_to_ps(b + 256);
+    __m512 mn = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), sc, bf16x16_to_ps(b + 288));  // zero - 8 scale
+    for (int m = 0; m < MB; ++m) {
+      __m512i dot = group_dot(r, (const int32_t*)(xq + m * K + 32 * g));
+      __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * G + g]));
+      acc[m] = _mm512_fmadd_ps(d, sc, acc[m]);
+      accm[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum[m * G + g]), accm[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_add_ps(acc[m], accm[m]));
+}
+
+// W8A8: MB rows x 16 columns of int8 weights (per output channel), G groups. Block layout: 8 x 64 bytes
+// R[j], R[j] byte i = code[col i / 4][k = 4 j + i % 4] + 128 (unsigned for vpdpbusd), 512 bytes a group.
+// dot(q + 128, x) = dot(q, x) + 128 * sum(x): the group's integer sum of x's codes takes the 128 out exactly.
+template <int MB>
+static void tile_kernel8(const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
+                         const int32_t* qsum, const float* scale, float* out, int64_t ldo) {
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* b = w + g * BLK8;
+    for (int c = 0; c < BLK8; c += 64) _mm_prefetch((const char*)(b + 4 * BLK8 + c), _MM_HINT_T0);
+    __m512i r[8];
+    for (int j = 0; j < 8; ++j) r[j] = _mm512_loadu_si512((const void*)(b + 64 * j));
+    for (int m = 0; m < MB; ++m) {
+      __m512i dot = _mm512_sub_epi32(group_dot(r, (const int32_t*)(xq + m * K + 32 * g)),
+                                     _mm512_set1_epi32(128 * qsum[m * G + g]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * G + g]), acc[m]);
+    }
+  }
+  __m512 sc = _mm512_loadu_ps(scale);
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_mul_ps(acc[m], sc));
+}
+
+#pragma GCC pop_options
+
+static void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xs, at::Tensor& xsum) {
+  const int64_t M = x.size(0), K = x.size(1), G = K / 32;
+  int8_t* q = xq.data_ptr<int8_t>();
+  float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    if (x.scalar_type() == at::kFloat)
+      quantize_row(x.data_ptr<float>() + m * K, K, q + m * K, s + m * G, sm + m * G);
+    else
+      quantize_row(x.data_ptr<at::BFloat16>() + m * K, K, q + m * K, s + m * G, sm + m * G);
+  }
+}
+
+static void check_x(const at::Tensor& x, int64_t N, const char* name) {
+  TORCH_CHECK(cpu_supported(), name, " needs AVX512-VNNI");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 32 == 0 && N % 16 == 0, name, ": bad shapes");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, name, ": fp32 or bf16 x");
+}
+
+// Every (16-column tile, block of <= 8 rows) of an M x N output: threads split tiles (columns) only, so each
+// output element is computed by one thread in one order whatever M is. tile(t, m0, mb) with mb a constant.
+template <typename F>
+static void over_tiles(int64_t NT, int64_t M, F&& tile) {
+  at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        by_rows((int)std::min<int64_t>(8, M - m0), [&](auto mb) { tile(t, m0, mb); });
+  });
+}
+
+// x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 320]; returns [M, N] in x's dtype.
+at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) {
+  check_x(x_in, N, "w4a8_mm");
+  const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32, NT = N / 16;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == NT * G * BLK,
+              "w4a8_mm: packed weight does not match N x K");
+  at::Tensor xq = at::empty({M, K}, at::kChar), xs = at::empty({M, G}, at::kFloat),
+             xsum = at::empty({M, G}, at::kFloat), yf = at::empty({M, N}, at::kFloat);
+  quantize_rows(x_in.contiguous(), xq, xs, xsum);
+  int8_t* q = xq.data_ptr<int8_t>();
+  float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>(), *o = yf.data_ptr<float>();
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  over_tiles(NT, M, [&](int64_t t, int64_t m0, auto mb) {
+    tile_kernel<decltype(mb)::value>(w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
+  });
+  return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
+}
+
+// x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 512]; scale fp32 [N] per output channel;
+// returns [M, N] in x's dtype.
+at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale) {
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 1 && scale.is_contiguous(), "w8a8_mm: fp32 scale [N]");
+  const int64_t N = scale.size(0);
+  check_x(x_in, N, "w8a8_mm");
+  const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32, NT = N / 16;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == NT * G * BLK8,
+              "w8a8_mm: packed weight does not match N x K");
+  at::Tensor xq = at::empty({M, K}, at::kChar), xs = at::empty({M, G}, at::kFloat),
+             xsum = at::empty({M, G}, at::kFloat), qs = at::empty({M, G}, at::kInt), yf = at::empty({M, N}, at::kFloat);
+  quantize_rows(x_in.contiguous(), xq, xs, xsum);
+  int8_t* q = xq.data_ptr<int8_t>();
+  int32_t* qsum = qs.data_ptr<int32_t>();
+  for (int64_t i = 0; i < M * G; ++i) {
+    int32_t total = 0;
+    for (int k = 0; k < 32; ++k) total += q[32 * i + k];
+    qsum[i] = total;
+  }
+  const float *s = xs.data_ptr<float>(), *sc = scale.data_ptr<float>();
+  float* o = yf.data_ptr<float>();
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  over_tiles(NT, M, [&](int64_t t, int64_t m0, auto mb) {
+    tile_kernel8<decltype(mb)::value>(w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
+                                      o + m0 * N + 16 * t, N);
+  });
+  return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
+}
