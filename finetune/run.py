@@ -8,15 +8,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specdec_adapters.registry import AdapterMeta, Registry, repo_identity
-from specdec_finetune.dataset import SampleBuilder, split_files
-from specdec_finetune.evaluate import as_served, holes_for, measure
+from specdec_finetune.dataset import split_files
 from specdec.repository.files import HOLDOUT, select
-from specdec_finetune.train import OBJECTIVES, TrainConfig, discard_checkpoint, train
-from specdec.prompts import fim
 from specdec.errors import SpecdecError
-from specdec.models.lora import TARGET_MODULES  # the modules the server can switch per workspace
+from specdec.models.choices import LORA_MODULES as TARGET_MODULES  # the modules the server can switch per workspace
 from specdec.paths import data_dir
-from specdec.engine.sampling import SamplingConfig
+from specdec_finetune.choices import OBJECTIVES
+
+# torch loads with a run (the imports inside the functions), not with the parser: `specdec serve` builds every
+# subcommand's parser before it answers the editor's initialize (tests/test_layering.py checks it)
 
 MAX_SAMPLES = 2000  # more than a 30-minute CPU budget consumes; a larger budget cycles through them again
 
@@ -45,8 +45,11 @@ def split_repo(repo: str, holdout: float, seed: int, show=None):
     return root, selection, split
 
 
-def train_config(args, objective: str | None = None) -> TrainConfig:
-    """The training settings `specdec finetune`'s arguments describe (the objective may be overridden)."""
+def train_config(args, objective: str | None = None):
+    """The training settings (TrainConfig) `specdec finetune`'s arguments describe (the objective may be
+    overridden)."""
+    from specdec_finetune.train import TrainConfig
+
     modules = tuple(m.strip() for m in args.target_modules.split(","))
     unusable = [m for m in modules if m not in TARGET_MODULES]
     if unusable:  # refused before a long run, not by the server after it
@@ -61,8 +64,13 @@ def train_config(args, objective: str | None = None) -> TrainConfig:
 
 
 def finetune_repo(args, report=print, on_step=None) -> dict:
+    from specdec.engine.sampling import SamplingConfig
     from specdec.hardware import torch_device
     from specdec.models.loading import load
+    from specdec.prompts import fim
+    from specdec_finetune.dataset import SampleBuilder
+    from specdec_finetune.evaluate import as_served, holes_for, measure
+    from specdec_finetune.train import discard_checkpoint, train
 
     config = train_config(args)
     device = torch_device(getattr(args, "device", None))  # a GPU this machine lacks fails here, before loading

@@ -26,8 +26,7 @@ from specdec.models.lora import ignore_peft_checkpointing_notice
 from specdec.models.choices import DRAFT_QUANT
 from specdec.models.quantize import swap_int8
 from specdec_finetune.precision import train_precision
-
-OBJECTIVES = ("distill", "lm", "mixed", "argmax", "tvd")
+from specdec_finetune.choices import OBJECTIVES  # defined torch-free: the CLI lists them
 
 
 @dataclass

@@ -18,7 +18,6 @@ from lsp_server import syntax
 from lsp_server.settings import Settings
 from specdec.backends.base import CompletionResult
 from specdec.backends import llama_server
-from specdec.engine.session import Generation, GenerationStats, accept_tokens
 from specdec.prompts import fim
 
 SERVER_STOPS = {"eos": "eos", "limit": "max_tokens", "word": "stop"}  # llama.cpp's stop_type, in our words
@@ -54,6 +53,8 @@ class InfillRules:
 
     def accept(self, ctx: syntax.CursorContext, new: list[int], out: list[int]) -> tuple[str, str | None]:
         """Tokens as they come, checked as the engine checks its own: ("", None) while generation may go on."""
+        from specdec.engine.session import accept_tokens  # torch: not before a run (`specdec serve` builds this parser)
+
         return accept_tokens(new, out, self.stop_ids, self.tokenizer, self.settings.max_new_tokens,
                              syntax.stop_predicate(ctx))
 
@@ -91,6 +92,8 @@ class InfillRules:
         asyncio.run(llama_server.stream(port, "/infill", payload, on_event))
         seconds = time.perf_counter() - started
         text, reason = self.finish(ctx, out, ending[0], ending[1], streamed.stop_type)
+        from specdec.engine.session import Generation, GenerationStats
+
         stats = GenerationStats(strategy="llama-infill", new_tokens=len(out), produced=len(out) + (reason == "eos"),
                                 prefill_computed=streamed.prompt_n, prefill_reused=streamed.cache_n,
                                 prefill_seconds=streamed.prompt_ms / 1000, seconds=seconds)

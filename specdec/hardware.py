@@ -13,7 +13,8 @@ from __future__ import annotations
 from functools import cache
 
 from specdec.errors import SpecdecError
-from specdec.models.choices import DTYPES
+
+DTYPES = ("auto", "bf16", "fp32")  # auto: bf16 where the device computes it natively, else fp32
 
 
 @cache

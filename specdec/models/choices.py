@@ -1,7 +1,8 @@
 """What a user chooses for the models, importable without torch (the CLI and the server's settings
 validate against these before anything heavy loads)."""
 
-DTYPES = ("auto", "bf16", "fp32")  # auto: bf16 where the device computes it natively, else fp32
+from specdec.hardware import DTYPES  # noqa: F401 (one of the choices; hardware resolves it, so it is defined there)
+
 # The target's weights: int4 = the GGUF's Q4_K codes as they are (specdec.models.int4), int8 = every
 # Linear int8 per channel, none = the dequantized float weights. Lossless in every mode: the
 # drafts are checked against whatever target runs. auto (the default) = int4 where the target was made
@@ -22,3 +23,6 @@ DRAFT_QUANT = (*KEPT_FP32, "none")
 # bit-exact speculation), transformers = today's path; auto = native where it can run (a qwen2 GGUF target on
 # CPU, W4A8 and the native ops available here, targetQuant auto or int4), else transformers.
 FORWARDS = ("auto", "native", "transformers")
+# The draft's Linear layers a LoRA adapter may cover: the ones the server can switch per workspace
+# (specdec.models.lora.TARGET_MODULES)
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -25,10 +25,11 @@ from collections import OrderedDict
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.models.choices import LORA_MODULES
 from specdec.models.lean_lora import use_lean_lora
 
 PLACEHOLDER = "specdec-base"
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGET_MODULES = LORA_MODULES
 FOLDED_KEPT = 3  # adapters whose folded int8 layers stay built: each is a full copy of the int8 layers
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 _LORA_KEY = re.compile(r"(?P<module>[\w.]+)\.lora_(?P<factor>[AB])\.weight")  # as peft saves them

@@ -10,6 +10,8 @@ import functools
 import importlib
 from pathlib import PurePosixPath
 
+from specdec.file_languages import EXTENSIONS  # noqa: F401 (re-exported: a file name's language)
+
 GRAMMARS = {  # language -> (module, function returning the grammar)
     "python": ("tree_sitter_python", "language"),
     "javascript": ("tree_sitter_javascript", "language"),
@@ -22,13 +24,7 @@ GRAMMARS = {  # language -> (module, function returning the grammar)
     "cpp": ("tree_sitter_cpp", "language"),
     "c": ("tree_sitter_cpp", "language"),
 }
-EXTENSIONS = {
-    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript",
-    ".jsx": "javascriptreact", ".ts": "typescript", ".mts": "typescript", ".tsx": "typescriptreact",
-    ".go": "go", ".rs": "rust", ".java": "java", ".c": "c", ".h": "cpp", ".cc": "cpp", ".cpp": "cpp",
-    ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp", ".rb": "ruby", ".lua": "lua", ".sh": "shellscript",
-    ".md": "markdown", ".json": "json", ".toml": "toml", ".yaml": "yaml", ".yml": "yaml",
-}
+
 
 def detect_language(language_id: str | None, uri: str) -> str:
     """The client's languageId when it is one we know, else the file extension, else the raw id."""

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.prompts.languages import EXTENSIONS
+from specdec.file_languages import EXTENSIONS
 
 MAX_BYTES = 512 * 1024
 HOLDOUT = 0.1  # share of a repository's files held out of fine-tuning and indexing, to measure on
