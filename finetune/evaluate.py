@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 
 from specdec.engine.draft_length import DraftLength
-from specdec.bench.workload import SourceFile, cut_holes
+from specdec.prompts.holes import SourceFile, cut_holes
 from specdec.prompts.completion import Completer
 from specdec.engine.drafters.draft_model import DraftModel
 from specdec.engine.session import GenerationConfig, Session

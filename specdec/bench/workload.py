@@ -10,31 +10,16 @@ chosen by a seeded generator, so every run sees the same workload.
 from __future__ import annotations
 
 import hashlib
-import random
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.prompts.holes import Hole, SourceFile, cut_holes  # noqa: F401 (the workload's types)
 from specdec.paths import cache_dir
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    language: str
-    registry: str  # "pypi" (sdist), "npm" (tarball) or "deb" (Debian package)
-    package: str  # pinned: name==version, name@version, name=version
-    member: str  # path inside the archive
-    license: str
-    project: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.language}:{Path(self.member).name}"
 
 
 SOURCES: tuple[SourceFile, ...] = (
@@ -166,50 +151,6 @@ def fetch(source: SourceFile) -> str:
             raise SpecdecError(f"{source.member} not found in {archive.name}: {exc}") from None
         cached.write_bytes(data)
     return cached.read_text(encoding="utf-8")
-
-
-@dataclass(frozen=True)
-class Hole:
-    source: SourceFile
-    index: int
-    prefix: str
-    suffix: str
-    middle: str  # what the original file had there (reference only; losslessness is checked against plain)
-    line: int
-
-    @property
-    def language(self) -> str:
-        return self.source.language
-
-    @property
-    def name(self) -> str:
-        return f"{self.source.name}#{self.index}"
-
-
-def cut_holes(source: SourceFile, text: str, count: int, seed: int = 0) -> list[Hole]:
-    """`count` holes: alternately at a line's first non-blank character and mid-line after a token."""
-    lines = text.split("\n")
-    comment = ("#", "//", "/*", "*", '"""', "'''")
-    candidates = [
-        i for i, line in enumerate(lines)
-        if len(lines) * 0.25 <= i < len(lines) - 4 and len(line.strip()) >= 16
-        and not line.strip().startswith(comment)
-    ]
-    rng = random.Random(f"{source.package}:{source.member}:{seed}")
-    holes = []
-    for n, i in enumerate(sorted(rng.sample(candidates, min(count, len(candidates))))):
-        line = lines[i]
-        indent = len(line) - len(line.lstrip())
-        col = indent
-        if n % 2 == 1:  # mid-line: after the first word-like token
-            rest = line[indent:]
-            j = next((k for k, ch in enumerate(rest) if not (ch.isalnum() or ch == "_")), len(rest))
-            col = indent + max(1, j)
-        end_line = min(len(lines) - 1, i + rng.randint(0, 3))
-        start = sum(len(l) + 1 for l in lines[:i]) + col
-        end = sum(len(l) + 1 for l in lines[: end_line + 1]) - 1  # the removed span ends before a newline
-        holes.append(Hole(source, n, text[:start], text[end:], text[start:end], i + 1))
-    return holes
 
 
 def load_workload(languages: list[str] | None = None, holes_per_file: int = 2,
