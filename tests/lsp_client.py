@@ -11,7 +11,8 @@ from pytest_lsp import ClientServerConfig, client_capabilities
 
 
 async def start(tmp_path, options: dict, env: dict | None = None, workspace=None, capabilities="visual-studio-code",
-                folders=None):
+                folders=None, initialized: bool = True):
+    """initialized=False: only `initialize` is sent; the server starts loading its models on `initialized`."""
     import os
 
     server_env = {**os.environ, "SPECDEC_STATE_DIR": str(tmp_path / "state"), "SPECDEC_DATA_DIR": str(tmp_path / "data"),
@@ -21,13 +22,25 @@ async def start(tmp_path, options: dict, env: dict | None = None, workspace=None
     client = await config.start()
     workspace = workspace or tmp_path
     started = time.perf_counter()
-    result = await client.initialize_session(types.InitializeParams(
+    params = types.InitializeParams(
         capabilities=client_capabilities(capabilities), initialization_options=options,
         workspace_folders=[types.WorkspaceFolder(f.as_uri(), f.name) for f in (folders or [workspace])],
-        root_uri=workspace.as_uri()))
+        root_uri=workspace.as_uri())
+    if initialized:
+        result = await client.initialize_session(params)
+    else:
+        client.capabilities, params.process_id = params.capabilities, os.getpid()
+        result = await client.initialize_async(params)
     client.initialize_seconds = time.perf_counter() - started
     client.initialize_result = result
     return client
+
+
+def torch_loaded(client) -> bool:
+    """Whether the server process has torch's native libraries mapped (Linux: /proc/PID/maps)."""
+    from pathlib import Path
+
+    return "libtorch" in Path(f"/proc/{client._server.pid}/maps").read_text()
 
 
 def plain(value):
