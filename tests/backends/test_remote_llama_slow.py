@@ -22,7 +22,7 @@ LINE, COL = 9, 4  # inside mul's body
 
 @pytest.fixture(scope="module")
 def llama():
-    from specdec.bench.llama import LlamaServer, find_server
+    from specdec.backends.llama_server import LlamaServer, find_server
 
     binary = find_server()
     if binary is None or not GGUF.is_file():
