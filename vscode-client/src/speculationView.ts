@@ -99,6 +99,7 @@ export function speculationHtml(cspSource: string): string {
   table { border-collapse: collapse; margin: 0.6em 0; }
   td, th { padding: 2px 9px; text-align: right; border-bottom: 1px solid var(--vscode-panel-border); }
   th:first-child, td:first-child { text-align: left; }
+  tr.branched td { text-align: left; }  /* a tree reads from the left: right-aligned, its indentation is lost */
   ul.tree { list-style: none; margin: 0.2em 0 0.2em 1.2em; padding: 0; font-family: var(--vscode-editor-font-family); }
   ul.tree li::before { content: "└ "; opacity: 0.5; }
   .legend span { margin-right: 1.2em; } .muted { opacity: 0.7; }
