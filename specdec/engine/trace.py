@@ -99,6 +99,24 @@ class PassRecord:
     def credit(self) -> dict[str, tuple[int, int]]:
         return credit(self.source, self.sources, len(self.tokens), self.path)
 
+    def levels(self) -> dict[str, tuple[int, int]]:
+        """{source: (levels checked, levels drafted)} of one pass, for α and k. The target checked a source at a
+        level where one of its nodes hangs under the root or an accepted node (once per level, however many
+        siblings it offered there): accepted if the path goes through its node, rejected otherwise. A source's
+        draft length is the number of levels its nodes occupy (a chain's length)."""
+        sources = self.node_sources
+        node_depth: list[int] = []
+        for parent in self.parents:
+            node_depth.append(1 if parent == ROOT else node_depth[parent] + 1)
+        reached = {ROOT, *self.path}
+        checked: dict[str, set[int]] = {}
+        drafted: dict[str, set[int]] = {}
+        for i, name in enumerate(sources):
+            drafted.setdefault(name, set()).add(node_depth[i])
+            if self.parents[i] in reached:
+                checked.setdefault(name, set()).add(node_depth[i])
+        return {name: (len(checked.get(name, ())), len(levels)) for name, levels in drafted.items()}
+
     def children(self, node: int) -> list[int]:
         return [i for i, parent in enumerate(self.parents) if parent == node]
 
@@ -135,21 +153,28 @@ def probabilities_of(tree: TokenTree, target_probs: torch.Tensor) -> tuple[list[
 
 @dataclass
 class SourceSummary:
-    """Theory beside practice for one source (or all): the measured acceptance α (accepted ÷ drafted nodes), the
-    average draft length k (nodes per pass it drafted in), what the i.i.d. model of the papers predicts a pass
-    yields, (1 − α^(k+1)) ÷ (1 − α), and what its passes yielded: 1 + accepted ÷ passes."""
+    """Theory beside practice for one source (or all): the measured acceptance α, the average draft depth k,
+    what the i.i.d. model of the papers predicts a pass yields, (1 − α^(k+1)) ÷ (1 − α), and what its passes
+    yielded: 1 + accepted ÷ passes.
+
+    α is the papers' per-token acceptance: accepted ÷ checked, where a pass checks the levels its accepted path
+    reached plus the one it stopped at (a chain's tokens after its first rejection were never checked, and a
+    tree's siblings of an accepted node compete for one level: counting them as rejections would put α below
+    the rate the formula assumes). k is the depth drafted (a chain's length), not the nodes."""
 
     passes: int
-    drafted: int
+    drafted: int  # nodes
     accepted: int
+    checked: int = 0  # levels the target examined: accepted + one per pass that stopped at a rejection
+    depth: int = 0  # levels drafted (a chain's length; a tree's depth), summed over passes
 
     @property
     def alpha(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return self.accepted / self.checked if self.checked else 0.0
 
     @property
     def k(self) -> float:
-        return self.drafted / self.passes if self.passes else 0.0
+        return self.depth / self.passes if self.passes else 0.0
 
     @property
     def expected(self) -> float:
@@ -159,8 +184,15 @@ class SourceSummary:
     def measured(self) -> float:
         return 1 + self.accepted / self.passes if self.passes else 0.0
 
+    def add(self, drafted: int, accepted: int, checked: int, depth: int) -> None:
+        self.passes += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.checked += checked
+        self.depth += depth
+
     def as_dict(self) -> dict:
-        return {"passes": self.passes, "drafted": self.drafted, "accepted": self.accepted,
+        return {"passes": self.passes, "drafted": self.drafted, "accepted": self.accepted, "checked": self.checked,
                 "alpha": round(self.alpha, 4), "k": round(self.k, 4), "expected_tokens_per_pass": round(self.expected, 4),
                 "measured_tokens_per_pass": round(self.measured, 4)}
 
@@ -231,17 +263,21 @@ class Trace:
         in it), its nodes drafted and accepted."""
         out: dict[str, SourceSummary] = {}
         for record in self.passes:
+            levels = record.levels()
             for source, (drafted, accepted) in record.credit().items():
-                summary = out.setdefault(source, SourceSummary(0, 0, 0))
-                summary.passes += 1
-                summary.drafted += drafted
-                summary.accepted += accepted
+                checked, depth = levels[source]
+                out.setdefault(source, SourceSummary(0, 0, 0)).add(drafted, accepted, checked, depth)
         return out
 
     def overall(self) -> SourceSummary:
         """Every pass that verified a draft, whatever its source."""
-        drafting = [r for r in self.passes if r.drafted]
-        return SourceSummary(len(drafting), sum(r.drafted for r in drafting), sum(r.accepted for r in drafting))
+        summary = SourceSummary(0, 0, 0)
+        for record in self.passes:
+            if record.drafted:
+                end = record.path[-1] if record.path else ROOT
+                stopped = end in record.parents  # a rejection ended the path below a drafted level
+                summary.add(record.drafted, record.accepted, record.accepted + stopped, record.depth)
+        return summary
 
     def summary(self) -> dict:
         return {"sources": [{"source": name, **s.as_dict()} for name, s in sorted(self.by_source().items())],

@@ -188,18 +188,26 @@ def test_per_source_counters_are_folds_of_the_records():
     assert stats.draft_seconds == pytest.approx(0.003) and stats.verify_seconds == pytest.approx(0.04)  # no prefill
     summary = trace.summary()
     assert [row["source"] for row in summary["sources"]] == ["draft", "draft-tree", "lookup-tree"]  # sorted
-    assert summary["sources"][1] == {"source": "draft-tree", "passes": 1, "drafted": 2, "accepted": 2, "alpha": 1.0, "k": 2.0,
+    assert summary["sources"][1] == {"source": "draft-tree", "passes": 1, "drafted": 2, "accepted": 2, "checked": 2, "alpha": 1.0, "k": 2.0,
                                                 "expected_tokens_per_pass": 3.0, "measured_tokens_per_pass": 3.0}
-    assert summary["all"]["passes"] == 2 and summary["all"]["alpha"] == pytest.approx(0.4)
+    # α counts levels checked, not nodes: the lookup node lost its level to the draft's (checked, rejected);
+    # the chain's second token was never checked after its first was rejected
+    assert summary["sources"][2] == {"source": "lookup-tree", "passes": 1, "drafted": 1, "accepted": 0, "checked": 1,
+                                     "alpha": 0.0, "k": 1.0, "expected_tokens_per_pass": 1.0,
+                                     "measured_tokens_per_pass": 1.0}
+    assert summary["sources"][0]["checked"] == 1 and summary["sources"][0]["k"] == 2.0
+    assert summary["all"]["passes"] == 2 and summary["all"]["alpha"] == round(2 / 3, 4)
     assert summary["all"]["measured_tokens_per_pass"] == 2.0  # (3 + 1) tokens over the two drafting passes
 
 
 def test_expected_tokens_per_pass_beside_the_measured():
     """(1 − α^(k+1)) / (1 − α): 1 token at α = 0, k + 1 as α → 1, and the typical case by hand."""
-    assert SourceSummary(4, 12, 0).expected == 1.0 and SourceSummary(4, 12, 0).measured == 1.0
-    assert SourceSummary(4, 12, 12).expected == 4.0 and SourceSummary(4, 12, 12).measured == 4.0
+    assert SourceSummary(4, 12, 0, 4, 12).expected == 1.0 and SourceSummary(4, 12, 0, 4, 12).measured == 1.0
+    assert SourceSummary(4, 12, 12, 12, 12).expected == 4.0 and SourceSummary(4, 12, 12, 12, 12).measured == 4.0
     assert expected_tokens_per_pass(1 - 1e-9, 3) == pytest.approx(4.0, rel=1e-6)  # continuous at α → 1
-    typical = SourceSummary(2, 4, 2)  # α = 0.5, k = 2: 1 + 0.5 + 0.25
+    typical = SourceSummary(2, 4, 2, 4, 4)  # α = 2/4 levels = 0.5, k = 2: 1 + 0.5 + 0.25
     assert (typical.alpha, typical.k, typical.expected, typical.measured) == (0.5, 2.0, 1.75, 2.0)
-    assert SourceSummary(2, 5, 2).expected == pytest.approx((1 - 0.4 ** 3.5) / 0.6)  # k = 2.5: a fractional average
+    assert SourceSummary(2, 5, 2, 5, 5).expected == pytest.approx((1 - 0.4 ** 3.5) / 0.6)  # k = 2.5: a fractional average
+    chain = Trace(0, "draft", passes=[PassRecord([1, 2, 3], [-1, 0, 1], "draft", None, [0], 9, CORRECTION, 3, 0, 0)])
+    assert chain.by_source()["draft"].alpha == 0.5  # 1 accepted of 2 checked: the third token was never checked
     assert SourceSummary(0, 0, 0).as_dict()["expected_tokens_per_pass"] == 0.0  # a source that never drafted

@@ -50,8 +50,8 @@ GOLDEN = (
     "draft-tree        1        1         1    1.00   1.00      2.00      2.00\n"
     "lookup            1        2         1    0.50   2.00      1.75      2.00\n"
     "lookup-tree       1        1         0    0.00   1.00      1.00      1.00\n"
-    "repo              2        3         1    0.33   1.50      1.40      1.50\n"
-    "all               4       10         6    0.60   2.50      2.08      2.50\n"
+    "repo              2        3         1    0.50   1.50      1.65      1.50\n"
+    "all               4       10         6    0.75   2.25      2.43      2.50\n"
     "every pass, prefill and plain steps included: 6 passes, 2.00 tokens per pass\n")
 
 

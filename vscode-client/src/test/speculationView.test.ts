@@ -69,8 +69,8 @@ test("the webview draws the completion coloured, the summary, the passes and a b
   assert.match(completion, /^<span class="plain" title="pass 0 · the prefill pass">def<\/span><span class="draft"/);
   assert.match(completion, /<span class="rejected" title="pass 3 · rejected draft from repo · p 0.200 · q 1.000"> x b/);
   assert.match(elements.get("header")!.textContent, /auto · draft adapter py-repo@3 · 20 prompt tokens · 11 new/);
-  assert.match(elements.get("summary")!.innerHTML, /<td>repo<\/td><td>2<\/td><td>3<\/td><td>1<\/td><td>0.33<\/td>/);
-  assert.match(elements.get("summary")!.innerHTML, /<td>all<\/td><td>4<\/td><td>10<\/td><td>6<\/td><td>0.60<\/td>/);
+  assert.match(elements.get("summary")!.innerHTML, /<td>repo<\/td><td>2<\/td><td>3<\/td><td>1<\/td><td>0.50<\/td>/);
+  assert.match(elements.get("summary")!.innerHTML, /<td>all<\/td><td>4<\/td><td>10<\/td><td>6<\/td><td>0.75<\/td>/);
   const passes = elements.get("passes")!.innerHTML;
   assert.equal([...passes.matchAll(/<tr class="pass">/g)].length, 6);
   assert.equal([...passes.matchAll(/<tr class="branched">/g)].length, 1, "only pass 3 branched");
