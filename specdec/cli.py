@@ -1,7 +1,7 @@
 """`specdec` console script: one entry point, one subcommand per job, each registered by its own wing.
 
-The core registers `models`, `complete` and `bench`; packages that build on specdec (the server,
-fine-tuning, adapters) add theirs through the `specdec.commands` entry points. Heavy imports
+The core registers `models` and `complete`; packages that build on specdec (the server, fine-tuning,
+adapters, the benchmarks) add theirs through the `specdec.commands` entry points. Heavy imports
 (torch, transformers) happen inside the subcommands that need them, so `specdec --help` and the
 LSP server's `initialize` stay fast.
 """
@@ -12,7 +12,6 @@ import argparse
 import sys
 from importlib.metadata import entry_points
 
-from specdec.bench import commands as bench
 from specdec.errors import SpecdecError
 from specdec.models import commands as models
 from specdec.prompts import commands as complete
@@ -23,9 +22,9 @@ PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcomm
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for register in (models.register, complete.register, bench.register):
+    for register in (models.register, complete.register):
         register(sub)
-    for plugin in entry_points(group=PLUGIN_GROUP):  # serve, stats, finetune, adapters
+    for plugin in entry_points(group=PLUGIN_GROUP):  # serve, stats, finetune, adapters, bench
         plugin.load()(sub)
     return parser
 

@@ -11,10 +11,11 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 def _this_checkouts_packages() -> None:
-    """adapters/ and finetune/ install as specdec_adapters and specdec_finetune; an editable install maps those
-    names to the checkout it was made from, so the tests of a second checkout (a git worktree) would import the
-    first's. Links named after the packages, first on sys.path and on PYTHONPATH (for the child processes the
-    server starts), make both this checkout's own; where the install is this checkout they change nothing."""
+    """adapters/, finetune/ and bench/ install as specdec_adapters, specdec_finetune and specdec_bench; an editable
+    install maps those names to the checkout it was made from, so the tests of a second checkout (a git worktree)
+    would import the first's. Links named after the packages, first on sys.path and on PYTHONPATH (for the child
+    processes the server starts), make them this checkout's own; where the install is this checkout they change
+    nothing."""
     import atexit
     import shutil
     import tempfile
@@ -23,7 +24,8 @@ def _this_checkouts_packages() -> None:
     links = Path(tempfile.mkdtemp(prefix="specdec-packages-"))
     atexit.register(shutil.rmtree, links, True)
     try:
-        for name, folder in (("specdec_adapters", "adapters"), ("specdec_finetune", "finetune")):
+        for name, folder in (("specdec_adapters", "adapters"), ("specdec_finetune", "finetune"),
+                             ("specdec_bench", "bench")):
             (links / name).symlink_to(root / folder, target_is_directory=True)
     except OSError:  # no symlinks here (Windows without the privilege): the installed mapping stands
         return

@@ -10,12 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"specdec": "specdec", "lsp_server": "lsp_server", "specdec_adapters": "adapters",
-           "specdec_finetune": "finetune"}  # import name -> folder (setup.py's package_dir)
+           "specdec_finetune": "finetune", "specdec_bench": "bench"}  # import name -> folder (setup.py's package_dir)
 ALLOWED = {  # what each package may import from the others
     "specdec": set(),
     "specdec_adapters": {"specdec"},
     "specdec_finetune": {"specdec", "specdec_adapters"},
     "lsp_server": {"specdec", "specdec_adapters"},
+    "specdec_bench": {"specdec", "specdec_adapters", "specdec_finetune", "lsp_server"},  # on top: nothing imports it
 }
 # inside specdec: the engine runs whatever model it is handed and knows nothing of loading, prompts,
 # benchmarks or how a repository's files are chosen; the model wing knows the engine only through its bounds;
@@ -23,12 +24,11 @@ ALLOWED = {  # what each package may import from the others
 # the backends put the wings together for whoever completes (the server, `specdec complete`, the benchmarks), so
 # none of the wings they use imports them; the native wing (kernels, the forward of our own) knows no prompt or backend
 WING_RULES = {
-    "specdec/engine": ("specdec.models", "specdec.prompts", "specdec.bench", "specdec.cli", "specdec.repository",
-                       "specdec.backends"),
-    "specdec/models": ("specdec.prompts", "specdec.bench", "specdec.cli", "specdec.engine.", "specdec.backends"),
-    "specdec/repository": ("specdec.models", "specdec.prompts", "specdec.bench", "specdec.cli", "specdec.backends"),
-    "specdec/native": ("specdec.prompts", "specdec.bench", "specdec.cli", "specdec.repository", "specdec.backends"),
-    "specdec/backends": ("specdec.bench", "specdec.cli"),
+    "specdec/engine": ("specdec.models", "specdec.prompts", "specdec.cli", "specdec.repository", "specdec.backends"),
+    "specdec/models": ("specdec.prompts", "specdec.cli", "specdec.engine.", "specdec.backends"),
+    "specdec/repository": ("specdec.models", "specdec.prompts", "specdec.cli", "specdec.backends"),
+    "specdec/native": ("specdec.prompts", "specdec.cli", "specdec.repository", "specdec.backends"),
+    "specdec/backends": ("specdec.cli",),
 }
 WING_EXCEPTIONS = {"specdec.engine.limits"}
 
@@ -69,8 +69,8 @@ def test_wings_of_specdec_keep_their_side(wing):
     assert not violations, "\n".join(violations)
 
 
-WINGS = ("specdec.engine", "specdec.models", "specdec.prompts", "specdec.repository", "specdec.bench",
-         "specdec.backends", "specdec.native")
+WINGS = ("specdec.engine", "specdec.models", "specdec.prompts", "specdec.repository", "specdec.backends",
+         "specdec.native")
 
 
 def test_the_base_of_specdec_imports_no_wing():
@@ -84,6 +84,23 @@ def test_the_base_of_specdec_imports_no_wing():
             if module.startswith(WINGS):
                 violations.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not violations, "\n".join(violations)
+
+
+def test_nothing_imports_the_benchmarks_and_specdec_bench_finds_them():
+    """The benchmarks are on top: no package imports specdec_bench (ALLOWED above), none keeps a benchmark of its own
+    (lsp_server/ and finetune/ hold none: their modules import no benchmark and no `*bench*` module is left), and
+    `specdec bench` is registered through the `specdec.commands` entry point with every mode's flags."""
+    import tomllib
+
+    from specdec.cli import build_parser
+
+    assert not [p for p in ("lsp_server", "finetune", "specdec") for p in (ROOT / p).rglob("*bench*.py")
+                if p.parent.name != "native"]  # python -m specdec.native.bench stays with the native forward
+    commands = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["specdec.commands"]
+    assert commands["bench"] == "specdec_bench.commands:register"
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    flags = {flag for action in bench._actions for flag in action.option_strings}
+    assert {"--kernels", "--editor", "--humaneval", "--finetune", "--repo", "--strategies", "--cold"} <= flags
 
 
 def test_the_checks_see_a_violation(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = {"specdec": "specdec", "lsp_server": "lsp_server", "adapters": "specdec_adapters",
-           "finetune": "specdec_finetune"}  # folder -> import name (pyproject.toml / setup.py)
+           "finetune": "specdec_finetune", "bench": "specdec_bench"}  # folder -> import name (pyproject.toml / setup.py)
 
 
 def tree_files() -> list[str]:
@@ -97,7 +97,7 @@ def test_the_installed_wheel_imports_and_runs_without_the_checkout(wheel, tmp_pa
              "for name in sys.argv[1:]:\n"
              "    module = importlib.import_module(name)\n"
              "    assert module.__file__.startswith(sys.prefix), (name, module.__file__)\n"
-             "import specdec.repository, lsp_server.server, specdec_finetune.run\n"
+             "import specdec.repository, lsp_server.server, specdec_finetune.run, specdec_bench.commands\n"
              "print('imported', len(sys.argv) - 1, 'packages from', sys.prefix)\n")
     imported = subprocess.run([str(python), "-c", check, *names], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=300)
@@ -106,5 +106,5 @@ def test_the_installed_wheel_imports_and_runs_without_the_checkout(wheel, tmp_pa
     cli = subprocess.run([str(venv / "bin" / "specdec"), "--help"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=300)
     assert cli.returncode == 0, cli.stderr
-    for command in ("complete", "serve", "finetune", "adapters"):
+    for command in ("complete", "serve", "finetune", "adapters", "bench"):
         assert command in cli.stdout

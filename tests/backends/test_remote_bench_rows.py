@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.bench.engine_rows import label, run_engine, start_engines
+from specdec_bench.engine_rows import label, run_engine, start_engines
 from specdec.errors import SpecdecError
 from tests.fake_engines import FakeEngine
 

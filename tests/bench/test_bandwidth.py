@@ -2,7 +2,7 @@
 
 import torch
 
-from specdec.bench.bandwidth import file_bytes, machine_bandwidth, weight_bytes
+from specdec_bench.bandwidth import file_bytes, machine_bandwidth, weight_bytes
 from specdec.models.gguf_codes import q4k_codes, quantize_q4k
 from specdec.models.int4 import Int4Linear
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specdec.backends import llama_server
-from specdec.bench import llama
+from specdec_bench import llama
 
 RECORDED = json.loads((Path(__file__).parent.parent / "data" / "llama_completion.json").read_text())
 

@@ -7,8 +7,8 @@ import time
 import pytest
 from humaneval_files import ADD, LARGEST, PROBLEMS, write_problems
 
-from specdec.bench import humaneval
-from specdec.bench.sandbox import run_program
+from specdec_bench import humaneval
+from specdec_bench.sandbox import run_program
 from specdec.errors import SpecdecError
 
 

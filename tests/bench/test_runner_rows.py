@@ -1,7 +1,7 @@
 """The benchmark's per-hole line shows what the planner chose for `auto` as for `tree`: nodes and depth per
 drafting pass, and how many passes branched."""
 
-from specdec.bench.runner import stats_row, tree_note
+from specdec_bench.runner import stats_row, tree_note
 from specdec.engine.cost_curve import CostCurve
 from specdec.engine.sampling import SamplingConfig
 from specdec.engine.session import GenerationConfig

@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 
-from specdec.bench.suffix_structures import DEPTH, NgramHashIndex, SortedLeftContexts, SuffixAutomaton
+from specdec_bench.suffix_structures import DEPTH, NgramHashIndex, SortedLeftContexts, SuffixAutomaton
 
 
 def longest_anywhere(stream: list[int], context: list[int], with_continuation: bool) -> int:

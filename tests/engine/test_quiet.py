@@ -48,7 +48,7 @@ def test_a_generation_warns_nothing(target, unrelated_draft, tok, transformers_l
 
 def test_the_hf_baselines_warn_nothing(target, unrelated_draft, tok, transformers_log):
     """greedy_reference and the bench's hf-* rows run transformers' own generate."""
-    from specdec.bench.runner import hf_generate
+    from specdec_bench.runner import hf_generate
 
     prompt = tok.encode("def add(a, b):\n    return")
     with warnings.catch_warnings(record=True) as caught:

@@ -85,7 +85,7 @@ def test_interrupted_training_leaves_registry_unchanged_and_resumes(tmp_path, pa
 
 
 def test_objective_comparison_scores_each_objective_from_the_same_base(tmp_path, pair, capsys):
-    from specdec_finetune.compare import compare_objectives, implied_acceptance, print_scores
+    from specdec_bench.finetune_compare import compare_objectives, implied_acceptance, print_scores
 
     repo = make_repo(tmp_path / "repo")
     args = args_for(repo, pair, max_steps=30, heldout_samples=6, batch_size=4)
@@ -121,7 +121,7 @@ def test_training_refuses_several_processes_before_touching_the_draft(tmp_path, 
 
 
 def test_finetune_bench_trains_with_the_finetune_commands_own_defaults():
-    from specdec_finetune.bench import _finetune_args
+    from specdec_bench.finetune import _finetune_args
 
     bench = SimpleNamespace(finetune="/repo", target="T", draft="D", dtype="fp32", max_minutes=6.0,
                             draft_quant="int8-down-fp32")

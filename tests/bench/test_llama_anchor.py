@@ -11,11 +11,11 @@ from fake_llama_server import answers_for, start
 from humaneval_files import PROBLEMS
 from test_humaneval_bench import DocumentCompleter, host_with
 
-from lsp_server import humaneval_bench
-from lsp_server.llama_anchor import InfillRules
+from specdec_bench import humaneval_bench
+from specdec_bench.llama_anchor import InfillRules
 from lsp_server.settings import Settings
 from specdec.backends import llama_server
-from specdec.bench import humaneval
+from specdec_bench import humaneval
 
 TAIL = "\n\n\nprint('the file goes on')\n" + "".join(f"x_{i} = {i}\n" for i in range(20))
 

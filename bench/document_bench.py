@@ -1,4 +1,4 @@
-"""`python -m lsp_server.document_bench`: issue #40 item 5's sequence against `specdec serve`, in seconds.
+"""`python -m specdec_bench.document_bench`: issue #40 item 5's sequence against `specdec serve`, in seconds.
 
 A 10 MB one-line document is opened; 20 one-character didChanges at its end are followed by `specdec/stats`
 (seconds until that answer: the event loop's time for the 20 keystrokes), then an inline completion at the
@@ -121,7 +121,7 @@ def run(python: str, megabytes: float, options: dict | None, keystrokes: int = 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lsp_server.document_bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specdec_bench.document_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="the interpreter whose specdec serves (a checkout)")
     parser.add_argument("--megabytes", type=float, default=10.0, help="the document's size (one line)")
     parser.add_argument("--keystrokes", type=int, default=20, help="one-character didChanges at the line's end")

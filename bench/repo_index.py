@@ -1,4 +1,4 @@
-"""`python -m specdec.bench.repo_index [PKG ...]`: the repository index over a ~10k-file workspace.
+"""`python -m specdec_bench.repo_index [PKG ...]`: the repository index over a ~10k-file workspace.
 
 The workspace is made of pinned PyPI sdists (fetched once, cached, as the engine benchmark's
 workload is), tokenized with the target's real tokenizer. A few held-out files are not
@@ -34,7 +34,7 @@ K = 8  # drafted tokens per query
 
 def fetch(packages: tuple[str, ...]) -> Path:
     """The sdists unpacked side by side in one folder (the workspace), each once."""
-    from specdec.bench.workload import fetch_sdist
+    from specdec_bench.workload import fetch_sdist
 
     root = cache_dir() / "repo-index-bench"
     workspace = root / "workspace"
@@ -85,7 +85,7 @@ def evaluate(index, samples: list[tuple[list[int], list[int]]]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.bench.repo_index", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specdec_bench.repo_index", description=__doc__.split("\n\n")[0])
     parser.add_argument("packages", nargs="*", default=list(PACKAGES), help="pinned PyPI sdists (name==version)")
     parser.add_argument("--target", default=None, help="model whose tokenizer is used (default: the catalog target)")
     parser.add_argument("--max-tokens", default="", help="the index's cap, or several comma-separated (one build each, "
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "rss_peak_mb": rss_mb(), "queries": evaluate(index, samples)})
         print(json.dumps(result["builds"][-1], indent=2), file=sys.stderr)
     if args.compare:
-        from specdec.bench.suffix_structures import compare
+        from specdec_bench.suffix_structures import compare
 
         parts, total = [np.array([-1], np.int32)], 0
         for doc in index.keys():

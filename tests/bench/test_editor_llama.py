@@ -10,8 +10,8 @@ import pytest
 import tiny
 from fake_llama_server import answers_for, start
 
-from lsp_server import editor_llama
-from lsp_server.llama_anchor import InfillRules
+from specdec_bench import editor_llama
+from specdec_bench.llama_anchor import InfillRules
 from lsp_server.settings import Settings
 
 

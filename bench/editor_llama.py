@@ -5,7 +5,7 @@ keystroke the request in flight, if any, is cancelled by closing its connection 
 drops a task whose connection closed); then the client's own cache answers if it can — llama.vim's
 cache: the same text again, or a suggestion that the characters typed since continue (its
 look-back over the last 128 characters; our server's type-ahead rule) — and otherwise a new
-`/infill` request goes out: llama.vim's layout (lsp_server.llama_anchor, specdec.backends.llama_server),
+`/infill` request goes out: llama.vim's layout (specdec_bench.llama_anchor, specdec.backends.llama_server),
 greedy, `cache_prompt` on, its `t_max_prompt_ms`/`t_max_predict_ms`, of the text window and token
 budget our server uses; streamed, since llama-server cancels only a streamed request whose
 connection closed, and answered when its last event arrives (llama.vim shows a whole reply). A
@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from lsp_server.llama_anchor import InfillRules
+from specdec_bench.llama_anchor import InfillRules
 from lsp_server.metrics import percentile
 from specdec.backends import llama_server
 

@@ -1,8 +1,9 @@
-"""`specdec bench`: the engine benchmark, and the modes plugins add (each registers its own flags).
+"""`specdec bench` (registered through the `specdec.commands` entry point): the engine benchmark, and its modes.
 
-A bench plugin is an entry point in the `specdec.bench` group naming `register(parser)`: it adds
-its flags to the bench parser and returns its runner, which answers None when its mode was
-not asked for. The first runner that answers decides; with none, the engine benchmark runs.
+Each mode's `register(parser)` adds its flags to the bench parser and returns its runner, which answers None when
+its mode was not asked for: specdec's own (`--kernels`, `--editor`, `--finetune` and `--repo`, `--humaneval`) here,
+another package's through an entry point in the `specdec.bench` group. The first runner that answers decides; with
+none, the engine benchmark runs.
 """
 
 from __future__ import annotations
@@ -22,17 +23,13 @@ def cmd_bench(args) -> int:
         code = runner(args)
         if code is not None:
             return code
-    if args.repo:
-        from specdec.errors import SpecdecError
-
-        raise SpecdecError("--repo needs the repository benchmark of specdec_finetune (or --editor): is it installed?")
-    from specdec.bench.runner import run_bench
+    from specdec_bench.runner import run_bench
 
     return run_bench(args)
 
 
 def register(sub) -> None:
-    from specdec.bench import kernels
+    from specdec_bench import editor, finetune, humaneval_bench, kernels
 
     p = sub.add_parser("bench", help="code-completion benchmark: plain vs HF assisted vs our strategies")
     add_model_args(p)
@@ -54,6 +51,6 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=("local", "llama-server", "vllm", "sglang"),
                    help="also run the holes through a remote engine (rows engine-1, ...); docs/teams.md")
     p.add_argument("--engine-url", metavar="URL[,URL...]", help="the engine's base URL; several: one row each")
-    runners: list[Runner] = [kernels.register(p)]
-    runners += [plugin.load()(p) for plugin in entry_points(group=BENCH_GROUP)]  # editor, finetune
+    runners: list[Runner] = [kernels.register(p), editor.register(p), finetune.register(p), humaneval_bench.register(p)]
+    runners += [plugin.load()(p) for plugin in entry_points(group=BENCH_GROUP)]  # other packages' modes
     p.set_defaults(func=cmd_bench, bench_runners=runners)

@@ -7,7 +7,7 @@ keystroke and sends `$/cancelRequest` for the previous one if it is still pendin
 The server runs with a private metrics file, read afterwards for per-request detail.
 
 Then the same keystrokes are replayed against llama.cpp's `llama-server /infill` on the target's
-GGUF (lsp_server.editor_llama: llama.vim's requests, cancelled on each keystroke, the same text
+GGUF (specdec_bench.editor_llama: llama.vim's requests, cancelled on each keystroke, the same text
 window and token budget), and one table sets the two side by side. Skipped, with the install
 command, when llama.cpp is missing; `--editor-servers specdec` runs ours alone.
 
@@ -32,13 +32,13 @@ from pathlib import Path
 
 from lsprotocol import types
 
-from lsp_server import editor_llama
-from lsp_server.llama_anchor import InfillRules
+from specdec_bench import editor_llama
+from specdec_bench.llama_anchor import InfillRules
 from lsp_server.metrics import load_records, percentile
 from lsp_server.settings import Settings, SettingsError
 from specdec.backends import llama_server
-from specdec.bench import llama
-from specdec.bench.workload import SOURCES, fetch
+from specdec_bench import llama
+from specdec_bench.workload import SOURCES, fetch
 from specdec.errors import SpecdecError
 
 SERVERS = ("specdec", "llama")
@@ -324,7 +324,7 @@ def repo_sessions(spec: str, limit: int, workspace: Path) -> tuple[list[TypingSe
     never seen. Returns the sessions, their documents' URIs (new files of the workspace) and what was chosen."""
     import shutil
 
-    from specdec.bench.workload import SourceFile, repo_root
+    from specdec_bench.workload import SourceFile, repo_root
     from specdec.prompts.languages import EXTENSIONS
     from specdec.repository.files import select, split_heldout
 

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
-from specdec_finetune.bench import _finetune_args
+from specdec_bench.finetune import _finetune_args
 
 REPO_OUTPUT = "bench-results/repo.json"
 ONLINE_ACCEPTED = 20  # accepted completions replayed: what the server gathers before a refresh (onlineEveryAccepted)
@@ -93,7 +93,7 @@ def replay_job(args, root: Path, heldout, holes, completer, drafter, draft_hash:
                report=print) -> dict:
     """The OnlineJob (as JSON) the server would send after the user typed the held-out files: the edited documents
     (text minus the holes' answers) and ONLINE_ACCEPTED completions of the target at other points of them."""
-    from specdec.bench.workload import SourceFile, cut_holes
+    from specdec_bench.workload import SourceFile, cut_holes
     from specdec.engine.session import GenerationConfig
 
     session = completer.session
@@ -248,8 +248,8 @@ def print_table(name: str, result: dict) -> None:
 
 
 def bench_package(spec: str, args, configs: list[Config], models: dict, report=print) -> dict:
-    from specdec.bench.runner import peak_rss_mb, run_ours
-    from specdec.bench.workload import repo_root
+    from specdec_bench.runner import peak_rss_mb, run_ours
+    from specdec_bench.workload import repo_root
     from specdec.engine.drafters.repo_index import RepoIndex
     from specdec.engine.session import GenerationConfig
     from specdec.engine.strategies import make_drafter, repo_drafters

@@ -41,14 +41,14 @@ def register(parser):
                              "them instead, --max-minutes each")
     parser.add_argument("--max-minutes", type=float, default=30.0,
                         help="--finetune, --repo: training time budget (per package)")
-    from specdec_finetune import repo_bench
+    from specdec_bench import repo_bench
 
     run_repo = repo_bench.register(parser)
     return lambda args: run(args) if args.finetune else run_repo(args)
 
 
 def run(args) -> int:
-    from specdec.bench.runner import run_bench
+    from specdec_bench.runner import run_bench
 
     objectives = [o.strip() for o in args.objective.split(",") if o.strip()]
     if len(objectives) > 1:
@@ -87,8 +87,8 @@ def run(args) -> int:
 
 
 def _compare(args, objectives: list[str]) -> int:
-    """Several objectives: the same budget each, scored by held-out top-1 agreement (finetune/compare.py)."""
-    from specdec_finetune.compare import compare_objectives, print_scores, score_dicts
+    """Several objectives: the same budget each, scored by held-out top-1 agreement (bench/finetune_compare.py)."""
+    from specdec_bench.finetune_compare import compare_objectives, print_scores, score_dicts
 
     compare_args = _finetune_args(args, max_steps=100_000, heldout_samples=10)
     scores = compare_objectives(compare_args, objectives)

@@ -2,22 +2,18 @@
 scored by running the problems' tests; end to end on tiny models and a two-problem file."""
 
 import json
-import tomllib
-from importlib.metadata import EntryPoint
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import tiny
 from humaneval_files import PROBLEMS, write_problems
 
-from lsp_server import humaneval_bench
+from specdec_bench import humaneval_bench
 from lsp_server.service import ModelHost
 from lsp_server.settings import Settings
-from specdec.bench import humaneval
+from specdec_bench import humaneval
 from specdec.engine.session import Generation, GenerationStats
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 class DocumentCompleter:
@@ -66,9 +62,11 @@ def test_a_wrong_line_fails_its_tests():
     assert all(r["status"] == "failed" and "Error" in r["detail"] for r in rows)
 
 
-def test_the_plugin_is_declared_and_only_runs_when_asked():
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["specdec.bench"]
-    assert declared["humaneval"] == "lsp_server.humaneval_bench:register"
+def test_the_mode_is_registered_and_only_runs_when_asked():
+    from specdec.cli import build_parser
+
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]  # specdec_bench.commands registers it
+    assert "--humaneval" in {flag for action in bench._actions for flag in action.option_strings}
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -80,20 +78,10 @@ def test_the_plugin_is_declared_and_only_runs_when_asked():
 
 
 @pytest.fixture
-def cli(monkeypatch):
-    """`specdec` with the humaneval bench plugin, declared or not in the installed package's metadata."""
-    from specdec.bench import commands
+def cli():
+    """`specdec`, whose bench command registers the humaneval mode itself (specdec_bench.commands)."""
     from specdec.cli import main
 
-    real = commands.entry_points
-
-    def with_humaneval(group):
-        found = list(real(group=group))
-        if not any(e.name == "humaneval" for e in found):
-            found.append(EntryPoint("humaneval", "lsp_server.humaneval_bench:register", group))
-        return found
-
-    monkeypatch.setattr(commands, "entry_points", with_humaneval)
     return main
 
 

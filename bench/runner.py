@@ -8,7 +8,7 @@ resets the session before every request instead. All requests are greedy, so eve
 output can be compared token for token with `hf-plain`.
 
 Each row also shows the weight bandwidth it achieved (gpt-fast's figure: weight bytes x tokens/s;
-specdec.bench.bandwidth) beside this machine's memory bandwidth, measured at the start of the
+specdec_bench.bandwidth) beside this machine's memory bandwidth, measured at the start of the
 run, and the peak RSS: of this process, or of llama-server for the llama.cpp rows.
 """
 
@@ -78,7 +78,7 @@ def start_llama(strategies: list[str], args, stack, skipped: dict[str, str]) -> 
     """A started LlamaAnchor per llama.cpp strategy asked for, on the same GGUFs. One that cannot run (llama.cpp
     not installed, no GGUF, a server that dies even with repacking off) goes into `skipped` with the reason,
     said once here: the other rows run without it."""
-    from specdec.bench import llama
+    from specdec_bench import llama
     from specdec.backends import llama_server
     from specdec.models.store import target_gguf
 
@@ -120,10 +120,10 @@ def start_llama(strategies: list[str], args, stack, skipped: dict[str, str]) -> 
 def run_bench(args) -> int:
     import contextlib
 
-    from specdec.bench import llama
+    from specdec_bench import llama
     from specdec.errors import SpecdecError
 
-    from specdec.bench.engine_rows import start_engines
+    from specdec_bench.engine_rows import start_engines
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     engines = start_engines(args)  # --engine: remote engines' rows beside ours
@@ -143,10 +143,10 @@ def run_bench(args) -> int:
 
 
 def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], engines: dict | None = None) -> int:
-    from specdec.bench.engine_rows import label as engine_label, run_engine
+    from specdec_bench.engine_rows import label as engine_label, run_engine
 
     engines = engines or {}
-    from specdec.bench.workload import SOURCES, load_workload, local_sources
+    from specdec_bench.workload import SOURCES, load_workload, local_sources
     from specdec.backends.local import LoadSpec, build
     from specdec.engine.session import GenerationConfig
     from specdec.models.int4 import int4_kernel_in_use
@@ -177,7 +177,7 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
     # what --int4-kernel resolved to ("" without int4 layers; "native" on the native forward)
     int4_kernel = getattr(target, "kernels", "") or int4_kernel_in_use(target)
     draft = pair.draft.model if pair.draft else None
-    from specdec.bench.bandwidth import file_bytes, machine_bandwidth, weight_bytes
+    from specdec_bench.bandwidth import file_bytes, machine_bandwidth, weight_bytes
 
     machine = machine_bandwidth()
     weights = {s: file_bytes(anchors[s].model) if s in anchors else weight_bytes(target) for s in strategies}

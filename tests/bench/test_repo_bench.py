@@ -66,7 +66,7 @@ def test_the_five_configurations_on_a_local_package(tmp_path, pair, monkeypatch,
 
 
 def test_a_pinned_package_is_fetched_once_and_its_adapter_trained_once(tmp_path, pair, monkeypatch, capsys):
-    from specdec.bench import workload
+    from specdec_bench import workload
 
     source = make_repo(tmp_path / "src", files=8, git=False)
     archive = tmp_path / "archives" / "demo-1.0.tar.gz"
@@ -92,7 +92,7 @@ def test_a_pinned_package_is_fetched_once_and_its_adapter_trained_once(tmp_path,
 
 
 def test_bad_input_is_one_line(tmp_path, pair, capsys):
-    from specdec_finetune.repo_bench import parse_configs, parse_packages
+    from specdec_bench.repo_bench import parse_configs, parse_packages
 
     assert parse_packages(["a==1,b==2", "a==1", " c==3 "]) == ["a==1", "b==2", "c==3"]
     assert [c.label for c in parse_configs("online,+base")] == ["base", "+online"]
@@ -103,8 +103,8 @@ def test_bad_input_is_one_line(tmp_path, pair, capsys):
 
 
 def test_scrub_cuts_every_line_holding_an_answer():
-    from specdec.bench.workload import Hole, SourceFile
-    from specdec_finetune.repo_bench import scrub
+    from specdec_bench.workload import Hole, SourceFile
+    from specdec_bench.repo_bench import scrub
 
     text = "a = 1\nvalue = compute(alpha, beta)\nb = 2\nprint(compute(alpha, beta))\nc = 3\n"
     source = SourceFile("python", "local", "x", "x.py", "", "")

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import tiny
 from fake_llama_server import executable
 
-from lsp_server import editor_bench
+from specdec_bench import editor as editor_bench
 from specdec.models import store
-from specdec.bench.workload import SourceFile
+from specdec_bench.workload import SourceFile
 
 
 def test_editor_bench_replays_typing_and_reports(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,7 @@ as human-eval-infilling's `HumanEval-SingleLineInfilling` is (Bavarian et al., 2
 non-blank line of a canonical solution, in turn, is the hole; the text before it (the prompt and
 the solution's earlier lines) is the prefix, the solution's later lines the suffix. That gives
 1,033 tasks from 164 problems. A task passes when prefix + filled line + suffix, followed by the
-problem's tests and `check(entry_point)`, runs clean (specdec.bench.sandbox).
+problem's tests and `check(entry_point)`, runs clean (specdec_bench.sandbox).
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def interleaved_steps(target: str, modes: list[str], context: int = 256, reps: i
     <= 9 rows never read them, and the completions' prefills run on the int4 kernels too."""
     import torch
 
-    from specdec.bench.workload import load_workload
+    from specdec_bench.workload import load_workload
     from specdec.engine.kv import KVModel
     from specdec.engine.session import GenerationConfig, Session
     from specdec.models.int4 import Int4Linear, int4_kernel_in_use
@@ -234,7 +234,7 @@ def run_kernels(args) -> int:
         print(json.dumps(steps[-1]), flush=True)
         modes = []
     for mode in modes:
-        cmd = [sys.executable, "-m", "specdec.bench.kernels", "--model-step", mode, "--target", args.target,
+        cmd = [sys.executable, "-m", "specdec_bench.kernels", "--model-step", mode, "--target", args.target,
                "--threads", str(torch.get_num_threads())]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:

@@ -6,13 +6,13 @@ prompt), the cursor analysed by lsp_server.syntax, generation on the model worke
 syntax stop rules, the text trimmed by syntax.finalize, and the item applied to the document as
 an editor applies an inline completion (its insert text at the cursor). Greedy, so a strategy
 never changes the text: configurations differ only by the target's weights (`--target-quant`).
-Each filled document runs with the problem's tests in a sandboxed process (specdec.bench.sandbox);
+Each filled document runs with the problem's tests in a sandboxed process (specdec_bench.sandbox);
 the canonical line is run first, task by task, so a harness or timeout problem shows as a
 reference that fails rather than as a model that does.
 
 `--strategies ...,llama-infill` adds llama.cpp's `/infill` on the target's GGUF (the Q4_K_M
 our int4 target is made from) as one more configuration: the same text window, the same
-token budget, its tokens through the same stop rules and trimming (lsp_server.llama_anchor),
+token budget, its tokens through the same stop rules and trimming (specdec_bench.llama_anchor),
 the same insert and tests. Skipped, with the install command, when llama.cpp is missing.
 """
 
@@ -28,8 +28,8 @@ from lsp_server import syntax
 from lsp_server.service import CompletionRequest, ModelHost
 from lsp_server.settings import Settings, SettingsError
 from specdec.backends import llama_server
-from specdec.bench import humaneval, llama
-from specdec.bench.sandbox import run_program
+from specdec_bench import humaneval, llama
+from specdec_bench.sandbox import run_program
 from specdec.engine.strategies import STRATEGIES, needs_draft_model
 from specdec.errors import SpecdecError
 
@@ -190,7 +190,7 @@ def llama_anchor(settings: Settings):
 
     def run_tasks(tasks, config, timeout, keep, host) -> list[dict] | None:
         """The rows of tasks, or None (said why) when llama-server cannot run even with weight repacking off."""
-        from lsp_server.llama_anchor import InfillRules
+        from specdec_bench.llama_anchor import InfillRules
 
         if not tasks:
             return []
