@@ -27,13 +27,17 @@ REPACK_OFF_NOTE = "repack off"
 
 
 def server_args(strategy: str, draft_gguf: Path | None, draft_max: int = 16) -> list[str]:
-    """llama.cpp's own speculation: `-md` with a draft model, or prompt n-grams (`--spec-type`)."""
+    """llama.cpp's own speculation: a draft model (`-md` with `--spec-type draft-simple`), or prompt n-grams.
+
+    This llama.cpp (b11434) loads `-md` without drafting unless `--spec-type draft-simple` names the draft as the
+    speculation to run (`/props` does not tell; a reply's `timings.draft_n` does)."""
     if strategy == "llama-plain":
         return []
     if strategy == "llama-draft":
         if draft_gguf is None:
             raise ValueError("llama-draft needs the draft model's GGUF")
-        return ["-md", str(draft_gguf), "--spec-draft-n-max", str(draft_max), "--spec-draft-n-min", "0", "-td", "2"]
+        return ["-md", str(draft_gguf), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max),
+                "--spec-draft-n-min", "0", "-td", "2"]
     if strategy == "llama-ngram":
         return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", str(draft_max)]
     raise ValueError(f"unknown llama.cpp strategy {strategy!r}")

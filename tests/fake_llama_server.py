@@ -9,7 +9,10 @@ as llama-server does, honouring n_predict (stop_type "limit") and otherwise endi
 "crash": "start" or "completion" kills the program with SIGILL there while weight repacking is on, as
 llama.cpp's AMX repack does on some Intel CPUs (LLAMA_ARG_REPACK=0 in its environment turns it off);
 "crash_always": true crashes there whatever the environment says.
-Run as a program it takes llama-server's flags (-m, --port; the rest ignored); in a test, `start(config)`.
+Run as a program it takes llama-server's flags (-m, --port, --spec-type; the rest ignored) and writes them to
+"argv_log" when the config names one; in a test, `start(config)`. As llama.cpp b11434 does, it speculates only
+under `--spec-type` (`-md` alone loads a draft and never drafts): then `/completion`'s timings carry
+`draft_n` / `draft_n_accepted` (every answered token drafted, half of them accepted), else no such fields.
 """
 
 from __future__ import annotations
@@ -78,8 +81,10 @@ class Handler(BaseHTTPRequestHandler):
             limit = int(body.get("n_predict", -1))
             tokens = self.config.get("default", [])
             tokens = tokens[:limit] if limit >= 0 else tokens
-            self._json(200, {"tokens": tokens, "timings": {"prompt_n": len(body.get("prompt", [])),
-                                                           "prompt_ms": 1.0, "predicted_ms": 1.0}})
+            timings = {"prompt_n": len(body.get("prompt", [])), "prompt_ms": 1.0, "predicted_ms": 1.0}
+            if self.config.get("spec_type", "none") != "none":
+                timings.update(draft_n=len(tokens), draft_n_accepted=len(tokens) // 2)
+            self._json(200, {"tokens": tokens, "timings": timings})
             self._log(body, "done", len(tokens))
             return
         if self.path != "/infill":
@@ -174,6 +179,10 @@ def main(argv: list[str]) -> None:
     model = argv[argv.index("-m") + 1]
     port = int(argv[argv.index("--port") + 1])
     config = json.loads(Path(model).read_text())
+    if "--spec-type" in argv:
+        config["spec_type"] = argv[argv.index("--spec-type") + 1]
+    if config.get("argv_log"):
+        Path(config["argv_log"]).write_text(json.dumps(argv))
     crash_if_asked(config, "start")
     server = start(config, port)
     try:

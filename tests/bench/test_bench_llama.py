@@ -32,7 +32,9 @@ def test_recorded_response_parses_to_tokens_and_timings():
 
 def test_speculation_flags_of_this_llama_cpp():
     assert llama.server_args("llama-plain", None) == []
-    assert llama.server_args("llama-draft", Path("d.gguf"))[:2] == ["-md", "d.gguf"]
+    # b11434 loads -md without drafting unless --spec-type draft-simple names it
+    assert llama.server_args("llama-draft", Path("d.gguf"), 16) == [
+        "-md", "d.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "16", "--spec-draft-n-min", "0", "-td", "2"]
     assert "--spec-type" in llama.server_args("llama-ngram", None)
     with pytest.raises(ValueError, match="needs the draft"):
         llama.server_args("llama-draft", None)
@@ -179,3 +181,30 @@ def test_the_benchmark_keeps_its_own_rows_when_the_anchor_dies(tiny_models, tmp_
         assert "died with SIGILL" in result["llama"]["llama-plain"]["repack_failure"]
         assert "\nllama-plain (repack off) " in table
         assert "llama-plain: llama-server ran with weight repacking off (LLAMA_ARG_REPACK=0)" in table
+
+
+def test_the_llama_draft_row_speculates(tiny_models, tmp_path, monkeypatch, capsys):
+    """`specdec bench --strategies plain,llama-draft`: the server is started with the draft and the flag that makes
+    this llama.cpp draft with it (the stand-in, like b11434, drafts only under --spec-type), and the row carries
+    llama.cpp's draft_n / draft_n_accepted."""
+    from fake_llama_server import executable
+
+    from specdec.cli import main
+    from specdec.models import store
+
+    argv_log = tmp_path / "argv.json"
+    model = fake_model(tmp_path, argv_log=str(argv_log))
+    monkeypatch.setattr(store, "target_gguf", lambda spec: model)
+    monkeypatch.setenv("SPECDEC_LLAMA_SERVER", str(executable(tmp_path)))
+    code = tmp_path / "lib.py"
+    code.write_text("".join(f"def scaled_{i}(value):\n    return value * {i} + offset\n\n" for i in range(30)))
+    out = tmp_path / "bench.json"
+    status = main(["bench", "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]), "--strategies",
+                   "plain,llama-draft", "--files", str(code), "--holes", "1", "--max-new-tokens", "4",
+                   "--max-draft", "6", "--dtype", "fp32", "--output", str(out)])
+    assert status == 0, capsys.readouterr().out
+    argv = json.loads(argv_log.read_text())
+    assert argv[argv.index("-md") + 1] == str(model) and argv[argv.index("--spec-type") + 1] == "draft-simple"
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "6"
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["strategy"] == "llama-draft"]
+    assert len(rows) == 1 and rows[0]["drafted"] == 4 and rows[0]["accepted"] == 2
