@@ -19,19 +19,18 @@ from specdec.errors import SpecdecError
 
 def start_engines(args) -> dict:
     """{"engine-N": RemoteBackend} for --engine/--engine-url, loaded; {} without --engine."""
-    from specdec.backends.remote.backend import RemoteBackend
-    from specdec.backends.remote.cli import EngineSettings, check_engine_args
+    from specdec.backends.remote.cli import check_engine_args, load_engine
 
     urls = [u.strip() for u in (getattr(args, "engine_url", None) or "").split(",") if u.strip()]
-    kind = check_engine_args(SimpleNamespace(engine=getattr(args, "engine", None), engine_url=",".join(urls)))
+    engine = getattr(args, "engine", None)
+    kind = [check_engine_args(SimpleNamespace(engine=engine, engine_url=url)) for url in urls or [""]][0]
     engines = {}
     for i, url in enumerate(urls if kind else [], 1):
-        backend = RemoteBackend(kind)
+        backend = load_engine(kind, url, target=args.target, max_prefix_tokens=args.max_prefix_tokens,
+                              max_suffix_tokens=args.max_suffix_tokens)
         backend.total_s = backend.stall_s = 600.0  # a benchmark waits for slow machines
         backend.predict_ms = 0  # and lets every row generate its --max-new-tokens (no engine-side time cap)
-        backend.load(EngineSettings(kind, url, target=args.target, max_prefix_tokens=args.max_prefix_tokens,
-                                    max_suffix_tokens=args.max_suffix_tokens))
-        if not backend.ready or backend.health.state != "ok":
+        if backend.health.state != "ok":
             raise SpecdecError(f"engine {url}: {backend.error or backend.health.reason}")
         engines[f"engine-{i}"] = backend
     return engines

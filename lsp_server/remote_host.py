@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Callable
 
 from lsp_server import syntax
-from specdec.backends.remote.backend import RemoteBackend
+from specdec.backends import make_backend
 
 
 class RemoteHost:
@@ -24,7 +24,8 @@ class RemoteHost:
     def __init__(self, kind: str):
         self.kind = kind
         self.on_status: Callable[[str, str], None] = lambda state, message: None  # set by the server
-        self.backend = RemoteBackend(kind, lambda state, message: self.on_status(state, message))
+        # the one builder of backends; the URL is the settings' engineUrl, read at load
+        self.backend = make_backend(kind, on_status=lambda state, message: self.on_status(state, message))
         self.backend.repo_key_of = repo_key_of
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="specdec-engine")
         self.completer = None  # no local model: prompts are the engine's (or built as text, prompt.py)

@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 
+from specdec.backends.base import engine_problem, url_problem
 from specdec.backends.remote.cli import ENGINES
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompts.fim import TEMPLATES
@@ -163,11 +164,11 @@ class Settings:
             check(f, getattr(self, f.name))
         if not self.target.strip():
             raise SettingsError("target must be a model spec (hub id, local directory or .gguf), not ''")
-        if self.engine != "local" and not self.engine_url.strip():
-            raise SettingsError(f"engine {self.engine!r} needs engineUrl (http://HOST:PORT of the engine)")
-        if self.engine_url.strip() and not re.match(r"^https?://[^/\s]+", self.engine_url.strip()):
-            raise SettingsError(f"engineUrl must be http://HOST[:PORT][/PATH] or https://..., not "
-                                f"{self.engine_url!r}")
+        # the one rule of engine and URL (specdec.backends.base); local keeps a URL the editor left set
+        problem = (engine_problem(self.engine, self.engine_url, ("engine", "engineUrl")) if self.engine != "local"
+                   else url_problem(self.engine_url, "engineUrl") if self.engine_url.strip() else "")
+        if problem:
+            raise SettingsError(problem)
         if self.strategy in ("draft", "tree") and not self.draft:
             raise SettingsError(f"strategy {self.strategy!r} needs a draft model: set draft, or use auto or lookup")
         if self.strategy == "repo" and not self.repo_index:

@@ -10,15 +10,19 @@ when the engine keeps one, its pass trace.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
+from specdec.backends.remote import KINDS as REMOTE_KINDS
 from specdec.errors import SpecdecError
 
 StopPredicate = Callable[[str], "int | None"]  # text so far -> where to cut it, or None to go on
 Report = Callable[[str, int], None]  # (message, percent): a load's progress
 
-KINDS = {"local": "specdec.backends.local:LocalBackend"}  # kind -> "module:class"; remote kinds join here
+REMOTE = "specdec.backends.remote.backend:RemoteBackend"  # llama-server, vllm and sglang: one HTTP backend
+KINDS = {"local": "specdec.backends.local:LocalBackend", **{kind: REMOTE for kind in REMOTE_KINDS}}
 
 
 @dataclass
@@ -113,17 +117,58 @@ class Backend(Protocol):
 def backend_class(kind: str):
     """The class registered for `kind` (imported on first use: a remote backend needs no torch)."""
     if kind not in KINDS:
-        raise SpecdecError(f"unknown backend {kind!r}; known: {', '.join(KINDS)}")
+        raise SpecdecError(f"unknown engine {kind!r}; known: {', '.join(KINDS)}")
     module, name = KINDS[kind].split(":")
     return getattr(importlib.import_module(module), name)
 
 
-def make_backend(settings=None, cls=None) -> Backend:
-    """The backend the settings ask for (`settings.backend`, `local` where there is no such field), unloaded.
+def engine_problem(kind: str, url: str, names: tuple[str, str] = ("engine", "engine URL")) -> str:
+    """What is wrong with an engine kind and URL together, in one line ("" when nothing is): the one rule behind
+    make_backend, the --engine/--engine-url flags and the server's engine/engineUrl settings, each naming the two
+    as its user writes them (`names`)."""
+    engine, address = names
+    url = (url or "").strip()
+    if kind not in KINDS:
+        return f"unknown {engine} {kind!r}; known: {', '.join(KINDS)}"
+    if kind == "local":
+        return f"{address} needs {engine} {', '.join(REMOTE_KINDS[:-1])} or {REMOTE_KINDS[-1]}" if url else ""
+    if not url:
+        return f"{engine} {kind} needs {address} (http://HOST:PORT of the engine)"
+    return url_problem(url, address)
 
-    cls: a subclass of the kind's class to make instead (the server's adds its adapter registry lookup)."""
-    kind = getattr(settings, "backend", "local") or "local"
+
+def url_problem(url: str, name: str = "engine URL") -> str:
+    """What is wrong with an engine's base URL ("" when nothing is); the message never shows a user:password."""
+    try:
+        parts = urlsplit(url.strip())
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in url.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError:
+        ok = False
+    if ok:
+        return ""
+    shown = re.sub(r"//[^/@]*@", "//", url.strip())
+    return f"{name} must be http://HOST[:PORT][/PATH] or https://..., not {shown!r}"
+
+
+def make_backend(kind: str = "local", url: str = "", cls=None, **options) -> Backend:
+    """The backend for an engine kind, unloaded: `local` (specdec's engine in this process) or a shared
+    `llama-server`, `vllm` or `sglang` at `url` (specdec.backends.remote), as vLLM's `EngineCoreClient.make_client`
+    picks a client. The one place a backend is made: the server, `specdec complete` and `specdec bench` call it.
+
+    url: the remote engine's base URL; "" lets `load(settings)` take `settings.engine_url` (the server's case, whose
+    URL is a setting). cls: a subclass of the kind's class to make instead (the server's adds its adapter
+    registry lookup). options: a remote backend's keywords (`on_status`). A bad kind or URL is a SpecdecError of
+    one line."""
+    kind = (kind or "local").strip()
+    problem = engine_problem(kind, url) if (url or "").strip() or kind not in KINDS else ""
+    if problem:
+        raise SpecdecError(problem)
     base = backend_class(kind)
     if cls is not None and not issubclass(cls, base):
         raise SpecdecError(f"{cls.__name__} is not a {kind} backend")
-    return (cls or base)()
+    if kind == "local":
+        if options:
+            raise SpecdecError(f"the local backend takes no {', '.join(sorted(options))}")
+        return (cls or base)()
+    return (cls or base)(kind, url=(url or "").strip(), **options)

@@ -110,13 +110,9 @@ def complete_remotely(args, engine: str, prefix: str, suffix: str) -> int:
     --trace report the engine's own speculation counts (or that it reported none)."""
     from types import SimpleNamespace
 
-    from specdec.backends.remote.backend import RemoteBackend
-    from specdec.backends.remote.cli import EngineSettings
+    from specdec.backends.remote.cli import load_engine
 
-    backend = RemoteBackend(engine)
-    backend.load(EngineSettings(engine, args.engine_url.strip(), target=args.target))
-    if not backend.ready:
-        raise SpecdecError(backend.error)
+    backend = load_engine(engine, args.engine_url, target=args.target)
     request = SimpleNamespace(prefix=prefix, suffix=suffix, path=args.file, workspace="", language="",
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               seed=args.seed)

@@ -32,17 +32,44 @@ def test_a_bad_request_is_refused_in_one_line(data, message):
 
 
 def test_make_backend_picks_by_kind_and_refuses_an_unknown_one():
-    assert type(make_backend()) is LocalBackend and type(make_backend(SimpleNamespace())) is LocalBackend
-    assert isinstance(make_backend(SimpleNamespace(backend="local")), Backend)
+    assert type(make_backend()) is LocalBackend and type(make_backend("local")) is LocalBackend
+    assert isinstance(make_backend("local"), Backend)
 
     class Mine(LocalBackend):
         pass
 
-    assert type(make_backend(SimpleNamespace(backend="local"), Mine)) is Mine
-    with pytest.raises(SpecdecError, match="unknown backend 'nope'; known: local"):
-        make_backend(SimpleNamespace(backend="nope"))
+    assert type(make_backend("local", cls=Mine)) is Mine
+    with pytest.raises(SpecdecError, match="^unknown engine 'nope'; known: local, llama-server, vllm, sglang$"):
+        make_backend("nope")
     with pytest.raises(SpecdecError, match="is not a local backend"):
-        make_backend(None, dict)
+        make_backend("local", cls=dict)
+
+
+@pytest.mark.parametrize("kind", ["llama-server", "vllm", "sglang"])
+def test_make_backend_makes_each_remote_engine(kind):
+    from specdec.backends.remote.backend import RemoteBackend
+
+    backend = make_backend(kind, " http://127.0.0.1:8012 ")
+    assert type(backend) is RemoteBackend and isinstance(backend, Backend)
+    assert (backend.kind, backend.engine.kind, backend.url, backend.state) == (kind, kind, "http://127.0.0.1:8012",
+                                                                               "idle")
+    said = []
+    server_side = make_backend(kind, on_status=lambda state, message: said.append(state))  # URL from settings
+    server_side.health.failed("unreachable", "down")
+    assert server_side.url == "" and said == ["unreachable"]
+
+
+@pytest.mark.parametrize("kind, url, message", [
+    ("vllm", "ftp://engine:8000", "engine URL must be http://HOST[:PORT][/PATH] or https://..., not 'ftp://engine:8000'"),
+    ("sglang", "engine:8000", "engine URL must be http://HOST[:PORT][/PATH] or https://..., not 'engine:8000'"),
+    ("llama-server", "http://me:hunter2@engine:99999", "engine URL must be http://HOST[:PORT][/PATH] or https://..., "
+                                                       "not 'http://engine:99999'"),
+    ("local", "http://127.0.0.1:8012", "engine URL needs engine llama-server, vllm or sglang"),
+])
+def test_make_backend_refuses_a_bad_url_in_one_line(kind, url, message):
+    with pytest.raises(SpecdecError) as caught:
+        make_backend(kind, url)
+    assert str(caught.value) == message and "hunter2" not in str(caught.value)
 
 
 def test_the_local_backend_completes_as_the_builder_and_the_engine_do(tmp_path):
@@ -56,7 +83,7 @@ def test_the_local_backend_completes_as_the_builder_and_the_engine_do(tmp_path):
     target = tiny.save(tmp_path, seed=1, name="target")
     settings = Settings().update({"target": str(target), "draft": "", "strategy": "lookup", "dtype": "fp32",
                                   "maxNewTokens": 16, "adapters": False})
-    backend = make_backend(settings)
+    backend = make_backend(settings.engine)
     assert backend.state == "idle" and not backend.ready
     backend.load(settings)
     assert backend.ready, backend.error

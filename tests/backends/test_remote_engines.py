@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from lsp_server.settings import Settings
+from specdec.backends import make_backend
 from specdec.backends.remote.backend import RemoteBackend
 from specdec.backends.remote.engines import Sglang, Speculation, Vllm
 from specdec.backends.remote.health import Health
@@ -44,7 +45,7 @@ class Token:
 def backend_for(engine: FakeEngine, monkeypatch, key: str = KEY, **settings) -> RemoteBackend:
     monkeypatch.setenv("SPECDEC_ENGINE_API_KEY", key)
     messages = []
-    backend = RemoteBackend(engine.kind, lambda state, message: messages.append((state, message)))
+    backend = make_backend(engine.kind, on_status=lambda state, message: messages.append((state, message)))
     backend.messages = messages
     backend.load(Settings().update({"engine": engine.kind, "engineUrl": engine.url, **settings}))
     assert backend.ready
@@ -238,7 +239,7 @@ def test_unreachable_engine_then_back(monkeypatch):
     probe.close()
     monkeypatch.setenv("SPECDEC_ENGINE_API_KEY", KEY)
     messages = []
-    backend = RemoteBackend("llama-server", lambda state, message: messages.append((state, message)))
+    backend = make_backend("llama-server", on_status=lambda state, message: messages.append((state, message)))
     backend.health.first_s = 0.05
     backend.load(Settings().update({"engine": "llama-server", "engineUrl": f"http://127.0.0.1:{port}"}))
     assert backend.ready and backend.health.state == "unreachable"

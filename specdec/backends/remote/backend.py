@@ -73,13 +73,16 @@ def served_adapter_name(repo_key: str) -> str:
 
 
 class RemoteBackend:
-    """kind: llama-server | vllm | sglang. Settings read: engine_url, target, fim_family, max_prefix_tokens,
-    max_suffix_tokens, max_snippet_tokens (the repository context's budget), adapters."""
+    """kind: llama-server | vllm | sglang. Settings read: engine_url (else the URL it was made with), target,
+    fim_family, max_prefix_tokens, max_suffix_tokens, max_snippet_tokens (the repository context's budget),
+    adapters."""
 
-    def __init__(self, kind: str, on_status=lambda state, message: None):
+    def __init__(self, kind: str, url: str = "", on_status=lambda state, message: None):
+        """Made by specdec.backends.make_backend, which checks the kind and the URL. url: the engine's base URL,
+        unless `load`'s settings name one (the server's engineUrl)."""
         if kind not in KINDS:
             raise ValueError(f"unknown engine {kind!r}; known: {', '.join(KINDS)}")
-        self.kind, self.engine = kind, ENGINES[kind]()
+        self.kind, self.engine, self.url = kind, ENGINES[kind](), url
         self.state, self.error, self.progress = "idle", "", ""
         self.on_status = on_status  # (state, one-line message): the server shows it and sets its status bar
         self.health = Health(lambda state, message: self.on_status(state, message))
@@ -106,7 +109,8 @@ class RemoteBackend:
         """Never raises. A bad URL fails the load; an engine that does not answer yet does not: completions
         start when it does (health.py)."""
         try:
-            self.endpoint = Endpoint(settings.engine_url.strip(), os.environ.get(API_KEY_ENV, "").strip())
+            url = (getattr(settings, "engine_url", "") or self.url).strip()
+            self.endpoint = Endpoint(url, os.environ.get(API_KEY_ENV, "").strip())
         except ValueError as exc:
             self.state, self.error = "failed", str(exc)
             return

@@ -1,11 +1,12 @@
 """`--engine KIND --engine-url URL` for `specdec serve`, `specdec complete` and `specdec bench`, and the
-settings a remote backend reads when no server's Settings are at hand (`complete`, `bench`)."""
+settings a remote backend reads when no server's Settings are at hand (`complete`, `bench`): their backend is
+made by `specdec.backends.make_backend`, the server's too."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from specdec.backends.base import engine_problem, make_backend
 from specdec.backends.remote import KINDS
 from specdec.errors import SpecdecError
 
@@ -14,10 +15,9 @@ ENGINES = ("local", *KINDS)
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """The fields RemoteBackend reads, with the server's defaults (lsp_server/settings.py)."""
+    """The fields RemoteBackend reads, with the server's defaults (lsp_server/settings.py); the URL is the one
+    make_backend was given."""
 
-    engine: str
-    engine_url: str
     target: str = ""
     fim_family: str = ""
     max_prefix_tokens: int = 1024
@@ -36,12 +36,18 @@ def add_engine_args(p) -> None:
 def check_engine_args(args) -> str:
     """The remote engine asked for ("" for local), or a one-line error for a bad pair."""
     engine, url = getattr(args, "engine", None) or "local", (getattr(args, "engine_url", None) or "").strip()
-    if engine == "local":
-        if url:
-            raise SpecdecError("--engine-url needs --engine llama-server, vllm or sglang")
-        return ""
-    if not url:
-        raise SpecdecError(f"--engine {engine} needs --engine-url (http://HOST:PORT of the engine)")
-    if not re.match(r"^https?://[^/\s]+", url):
-        raise SpecdecError(f"--engine-url must be http://HOST[:PORT][/PATH] or https://..., not {url!r}")
-    return engine
+    problem = engine_problem(engine, url, ("--engine", "--engine-url"))
+    if problem:
+        raise SpecdecError(problem)
+    return "" if engine == "local" else engine
+
+
+def load_engine(kind: str, url: str, **settings):
+    """The remote backend for `specdec complete` and `specdec bench`: made by make_backend and loaded with
+    EngineSettings(**settings); a one-line SpecdecError when it cannot be (an engine that does not answer yet is
+    the caller's to judge: `backend.health`)."""
+    backend = make_backend(kind, url)
+    backend.load(EngineSettings(**settings))
+    if not backend.ready:
+        raise SpecdecError(backend.error)
+    return backend

@@ -48,9 +48,11 @@ class Endpoint:
     api_key: str = ""
 
     def __post_init__(self):
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"engineUrl must be http://HOST[:PORT][/PATH] or https://..., not {self.shown!r}")
+        from specdec.backends.base import url_problem
+
+        problem = url_problem(self.url, "engineUrl")
+        if problem:
+            raise ValueError(problem)
 
     @property
     def shown(self) -> str:
