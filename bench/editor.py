@@ -277,6 +277,8 @@ def server_options(args) -> dict:
                "maxNewTokens": args.max_new_tokens, "maxDraft": args.max_draft}
     if getattr(args, "target_quant", None):
         options["targetQuant"] = args.target_quant
+    if getattr(args, "forward", None):
+        options["forward"] = args.forward
     return options
 
 

@@ -162,7 +162,7 @@ def server_settings(args, strategies: list[str]) -> Settings:
     try:
         return Settings().update({"target": args.target, "draft": args.draft or "", "dtype": args.dtype,
                                   "draft_quant": args.draft_quant, "target_quant": args.target_quant,
-                                  "int4_kernel": args.int4_kernel,
+                                  "int4_kernel": args.int4_kernel, "forward": getattr(args, "forward", "auto"),
                                   "max_draft": args.max_draft, "strategy": base, "adapters": False})
     except SettingsError as exc:
         raise SpecdecError(str(exc)) from None

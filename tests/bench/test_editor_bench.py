@@ -83,3 +83,12 @@ def test_editor_bench_in_a_repository_replays_without_and_with_its_index(tmp_pat
     assert report["repo"]["heldout_files"] == [rel.as_posix() for rel in heldout]
     printed = capsys.readouterr().out
     assert "no index:" in printed and "\nindex:" in printed
+
+
+def test_the_replayed_server_gets_the_command_lines_forward_and_quantization():
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(target="t", draft="d", dtype="auto", draft_quant="int8", max_new_tokens=48, max_draft=4,
+                           target_quant="int4", forward="transformers")
+    options = editor_bench.server_options(args)
+    assert (options["forward"], options["targetQuant"]) == ("transformers", "int4")

@@ -204,7 +204,7 @@ def test_without_llama_cpp_the_llama_infill_row_is_skipped_with_the_install_comm
 
 def test_the_server_settings_carry_every_model_flag_of_the_command_line():
     args = SimpleNamespace(target="t", draft="d", dtype="fp32", draft_quant="none", target_quant="int4",
-                           int4_kernel="aten", max_draft=4)
+                           int4_kernel="aten", max_draft=4, forward="transformers")
     settings = humaneval_bench.server_settings(args, ["plain"])
-    assert (settings.target_quant, settings.int4_kernel, settings.draft_quant, settings.dtype) == \
-        ("int4", "aten", "none", "fp32")
+    assert (settings.target_quant, settings.int4_kernel, settings.draft_quant, settings.dtype, settings.forward) == \
+        ("int4", "aten", "none", "fp32", "transformers")
