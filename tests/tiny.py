@@ -22,16 +22,20 @@ CORPUS = [
 
 
 @functools.lru_cache(maxsize=4)
-def tokenizer(vocab_size: int = 400, extra_specials: tuple[str, ...] = ()):
+def tokenizer(vocab_size: int = 400, extra_specials: tuple[str, ...] = (), specials: tuple[str, ...] | None = None):
+    """specials: instead of Qwen's (the first is the EOS, the last the padding)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS + list(extra_specials),
+    base = SPECIALS if specials is None else list(specials)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=base + list(extra_specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS * 5, trainer)
+    if specials is not None:
+        return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=base[0], pad_token=base[-1])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|fim_pad|>")
 
 

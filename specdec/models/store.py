@@ -73,6 +73,8 @@ def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specdec.models.gguf_tokenizer import from_gguf
+
     report = _conversion_reporter.get() or (lambda message, done: None)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -86,7 +88,7 @@ def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
         if _saved_tokenizer_of(out_dir, provenance):  # pull saved it from this very GGUF: no 10-30 s rebuild
             tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
         else:
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tokenizer = from_gguf(gguf)
         bar.update()
         bar.set_postfix_str("saving bf16 safetensors")
         report(f"converting {gguf.name}: saving", 0.7)
@@ -124,14 +126,14 @@ def _provenance(model_id: str) -> dict[str, Any]:
 def save_tokenizer(model_id: str, gguf: Path) -> Path:
     """The tokenizer built once from the GGUF's vocabulary (10-30 s) and saved beside where its conversion would
     go, so loads read tokenizer.json (well under a second); atomically. No config.json: not a loadable model."""
-    from transformers import AutoTokenizer
+    from specdec.models.gguf_tokenizer import from_gguf
 
     out_dir = models_dir() / cache_name(model_id)
     if (out_dir / TOKENIZER_FILE).is_file():
         return out_dir
     tmp = out_dir.with_name(out_dir.name + ".tokenizer.partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
+    from_gguf(gguf).save_pretrained(tmp)
     (tmp / PROVENANCE).write_text(json.dumps(_provenance(model_id), indent=2))
     out_dir.mkdir(parents=True, exist_ok=True)
     for entry in tmp.iterdir():  # the tokenizer.json last: its presence says the rest is there

@@ -70,7 +70,8 @@ def choose(forward: str, spec: str, device: str = "cpu", target_quant: str = "au
 
 
 def tokenizer_for(spec: str, gguf: Path):
-    """The cached model directory's tokenizer where one exists (a pulled catalog model), else the GGUF's."""
+    """The cached model directory's tokenizer where one exists (a pulled catalog model), else the GGUF's
+    (gguf_tokenizer: its special tokens as the model has them)."""
     from transformers import AutoTokenizer
 
     from specdec.models.catalog import KNOWN_MODELS
@@ -85,7 +86,9 @@ def tokenizer_for(spec: str, gguf: Path):
     try:
         if directory is not None and (directory / "tokenizer.json").is_file():
             return AutoTokenizer.from_pretrained(str(directory))
-        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        from specdec.models.gguf_tokenizer import from_gguf
+
+        return from_gguf(gguf)
     except (OSError, ValueError, KeyError) as exc:
         raise SpecdecError(f"cannot build a tokenizer for {spec}: {str(exc).splitlines()[0] if str(exc) else exc}"
                            ) from None
