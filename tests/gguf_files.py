@@ -43,7 +43,30 @@ def write_qwen2_gguf(model, path, types=None, embedding="Q8_0", output="Q8_0", t
     ({"blk.1.attn_v": "Q5_0", ...}; Q4_K by default), output.weight unless tied (then token_embd serves).
     tokenizer: a PreTrainedTokenizerFast (byte-level BPE) whose vocabulary and merges go in as llama.cpp's
     tokenizer.ggml.* keys, so transformers can build the tokenizer from the file."""
-    from gguf import GGMLQuantizationType, GGUFWriter
+    _write_gguf("qwen2", model, path, types, embedding, output, tied, tokenizer)
+
+
+def write_llama_gguf(model, path, types=None, embedding="Q8_0", output="Q8_0", tied=False, tokenizer=None,
+                     rope_scale: float | None = None, legacy_scale_key: bool = False, extra=None):
+    """A llama GGUF of a transformers LlamaForCausalLM, as llama.cpp's convert_hf_to_gguf.py writes one: Q/K
+    weights (and biases) permuted for its adjacent-pair RoPE (`llama_permute`), rope.dimension_count, the
+    vocabulary size, linear RoPE scaling as rope.scaling.type/factor (or the older rope.scale_linear key);
+    a DeepSeek-Coder-style byte-level tokenizer; extra(writer), when given, adds keys or tensors of its own
+    before the model's tensors. The rest as write_qwen2_gguf."""
+    _write_gguf("llama", model, path, types, embedding, output, tied, tokenizer, rope_scale, legacy_scale_key, extra)
+
+
+def llama_permute(weights, n_head: int, n_head_kv: int | None = None):
+    """convert_hf_to_gguf.py's LlamaModel.permute: each head's rows from HF's halves order to interleaved pairs."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def _write_gguf(arch, model, path, types, embedding, output, tied, tokenizer, rope_scale=None,
+                legacy_scale_key=False, extra=None):
+    from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType
     from gguf.quants import quantize
 
     types = types or {}
@@ -59,7 +82,7 @@ def write_qwen2_gguf(model, path, types=None, embedding="Q8_0", output="Q8_0", t
             kind = GGMLQuantizationType[qtype]
             writer.add_tensor(name, quantize(w.numpy(), kind), raw_dtype=kind)
 
-    writer = GGUFWriter(str(path), "qwen2")
+    writer = GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -69,9 +92,27 @@ def write_qwen2_gguf(model, path, types=None, embedding="Q8_0", output="Q8_0", t
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"] if hasattr(config, "rope_parameters")
                                     else config.rope_theta))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if arch == "llama":
+        writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+        writer.add_vocab_size(config.vocab_size)
+        if rope_scale is not None and legacy_scale_key:
+            writer.add_float32(f"{arch}.rope.scale_linear", rope_scale)
+        elif rope_scale is not None:
+            writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(rope_scale)
     if tokenizer is not None:
-        _add_tokenizer(writer, tokenizer)
+        _add_tokenizer(writer, tokenizer, "deepseek-coder" if arch == "llama" else "qwen2")
+    if extra is not None:
+        extra(writer)
     state = model.state_dict()
+    if arch == "llama":
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        for i in range(config.num_hidden_layers):
+            for end in ("weight", "bias"):
+                q, k = f"model.layers.{i}.self_attn.q_proj.{end}", f"model.layers.{i}.self_attn.k_proj.{end}"
+                if q in state:
+                    state[q] = llama_permute(state[q], heads, heads)
+                    state[k] = llama_permute(state[k], heads, kv_heads)
     add(writer, "token_embd.weight", state["model.embed_tokens.weight"], embedding)
     for i in range(config.num_hidden_layers):
         prefix = f"model.layers.{i}."
@@ -91,7 +132,7 @@ def write_qwen2_gguf(model, path, types=None, embedding="Q8_0", output="Q8_0", t
     writer.close()
 
 
-def _add_tokenizer(writer, tokenizer) -> None:
+def _add_tokenizer(writer, tokenizer, pre: str = "qwen2") -> None:
     """llama.cpp's gpt2-style BPE keys from a byte-level BPE PreTrainedTokenizerFast."""
     import json
 
@@ -100,7 +141,7 @@ def _add_tokenizer(writer, tokenizer) -> None:
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()}
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types([3 if t in special else 1 for t in tokens])  # 3: control, 1: normal
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model["merges"]])

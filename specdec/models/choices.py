@@ -19,8 +19,8 @@ INT4_KERNELS = ("auto", "w4a8", "aten")
 # on CPU the faster step wins, so "int8" quantizes everything (docs/benchmarks.md, *Draft quantization*).
 KEPT_FP32 = {"int8": (), "int8-down-fp32": ("down_proj",)}
 DRAFT_QUANT = (*KEPT_FP32, "none")
-# The target's forward: native = specdec's own (specdec.native: Qwen2 GGUFs on CPU, read straight from the GGUF,
-# bit-exact speculation), transformers = today's path; auto = native where it can run (a qwen2 GGUF target on
+# The target's forward: native = specdec's own (specdec.native: Qwen2/Llama GGUFs on CPU, read straight from the
+# GGUF, bit-exact speculation), transformers = today's path; auto = native where it can run (a qwen2/llama GGUF on
 # CPU, W4A8 and the native ops available here, targetQuant auto or int4), else transformers.
 FORWARDS = ("auto", "native", "transformers")
 # The draft's Linear layers a LoRA adapter may cover: the ones the server can switch per workspace

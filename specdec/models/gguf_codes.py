@@ -24,9 +24,9 @@ QK_K = 256  # weights per Q4_K super-block
 GROUP = 32  # weights per Q4_K sub-block = per int4 group
 Q4K_BYTES = 144  # 2 (d) + 2 (dmin) + 12 (6-bit scales and mins) + 128 (codes)
 
-# GGUF tensor name (without "blk.N." and ".weight") -> HF Qwen2 module path (without "model.layers.N.").
-# transformers' GGUF loader permutes Q/K rows back only for llama-family models; Qwen2's
-# rows are stored in HF order (checked against the dequantized cache in tests/test_int4.py).
+# GGUF tensor name (without "blk.N." and ".weight") -> HF Qwen2/Llama module path (without "model.layers.N.").
+# Qwen2's rows are stored in HF order (checked against the dequantized cache in tests/test_int4.py); a llama's
+# Q/K rows are permuted in the file (PERMUTED_QK) and read_qwen2_linears puts them back, as transformers does.
 QWEN2_LINEARS = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -36,6 +36,10 @@ QWEN2_LINEARS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+
+
+# architectures whose Q/K rows llama.cpp's converter permuted for its adjacent-pair RoPE (`unpermute`)
+PERMUTED_QK = ("llama",)
 
 
 @dataclass
@@ -153,11 +157,32 @@ class GGUFTensor:
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(self.shape)
 
 
+def unpermuted_rows(rows: int, heads: int) -> np.ndarray:
+    """HF row r of a llama Q or K projection (heads: its own head count) is stored as row order[r]. The inverse of
+    convert_hf_to_gguf.py's LlamaModel.permute, reshape(heads, 2, D/2, ...).swapaxes(1, 2), which stores a
+    head's row j < D/2 at 2j and row D/2 + j at 2j + 1 (transformers' GGUF loader undoes it the same way)."""
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(rows)
+
+
+def unpermute(tensor: GGUFTensor, heads: int) -> GGUFTensor:
+    """A permuted Q or K tensor's raw rows in HF order: a row is whole blocks of its type, so codes move as is."""
+    order = unpermuted_rows(tensor.shape[0], heads)
+    return GGUFTensor(tensor.qtype, np.ascontiguousarray(tensor.data[order]), tensor.shape)
+
+
 def read_qwen2_linears(path: Path | str) -> dict[str, GGUFTensor]:
-    """HF module path ("model.layers.3.mlp.down_proj", "lm_head", "model.embed_tokens") -> its GGUF tensor."""
+    """HF module path ("model.layers.3.mlp.down_proj", "lm_head", "model.embed_tokens") -> its GGUF tensor;
+    a llama's Q/K rows back in HF order (unpermute), as transformers' loader reads them."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
+    arch_field = reader.fields.get("general.architecture")
+    arch = arch_field.contents() if arch_field is not None else ""
+    heads = {}
+    if arch in PERMUTED_QK:
+        q_heads = int(reader.fields[f"{arch}.attention.head_count"].contents())
+        kv_field = reader.fields.get(f"{arch}.attention.head_count_kv")
+        heads = {"attn_q": q_heads, "attn_k": int(kv_field.contents()) if kv_field is not None else q_heads}
     found = {}
     for t in reader.tensors:
         if not t.name.endswith(".weight"):
@@ -176,4 +201,6 @@ def read_qwen2_linears(path: Path | str) -> dict[str, GGUFTensor]:
             continue
         shape = (int(t.shape[1]), int(t.shape[0]))  # GGUF lists ne0 (the input dim) first
         found[hf] = GGUFTensor(t.tensor_type.name, t.data, shape)
+        if stem.startswith("blk.") and part in heads:
+            found[hf] = unpermute(found[hf], heads[part])
     return found

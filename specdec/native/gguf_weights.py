@@ -1,4 +1,4 @@
-"""A Qwen2 GGUF read tensor by tensor into the native model's weights, never the whole model in floats.
+"""A Qwen2 or Llama GGUF read tensor by tensor into the native model's weights, never the whole model in floats.
 
 Q4_K tensors keep their codes and run W4A8 (specdec.models.gguf_codes.q4k_codes -> w4a8.pack); every other
 quantized or float matrix (Q6_K, Q8_0, Q5_0, Q5_K, F16, ...) is dequantized one tensor at a time with gguf's own
@@ -9,8 +9,14 @@ holds it once for every process. Without output.weight the output layer is token
 `dense=True` keeps every matrix as its fp32 dequantization instead: the reference the tests compare
 transformers against (same weights, torch's matmuls).
 
-Tensor names are llama.cpp's (blk.N.attn_q.weight, ...); Qwen2's Q/K rows are stored in HF order and its
-RoPE is NeoX-style (halves rotated), as llama.cpp's qwen2 graph computes it.
+Tensor names are llama.cpp's (blk.N.attn_q.weight, ...). The two architectures are one decoder (qwen2.py):
+Qwen2 has QKV biases, Llama (DeepSeek-Coder, CodeLlama) none. Qwen2's Q/K rows are stored in HF order, RoPE
+NeoX-style (halves rotated), as llama.cpp's qwen2 graph computes it. llama.cpp's converter permutes a llama's
+Q/K rows (and biases) head by head for its adjacent-pair RoPE; gguf_codes.unpermute puts them back in HF order
+as raw rows, before any conversion (each row is whole blocks of its own type, so the codes move unchanged), and
+the same NeoX RoPE runs.
+RoPE: the GGUF's theta and linear scaling (positions / factor, transformers' "linear" rope); other scalings
+(YaRN, llama3's rope_freqs) and mixtures of experts are refused with the reason, and keep transformers.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.models import w4a8
-from specdec.models.gguf_codes import GGUFTensor, Int4Codes, Int8Codes, int8_per_channel, q4k_codes
+from specdec.models.gguf_codes import (PERMUTED_QK, GGUFTensor, Int4Codes, Int8Codes, int8_per_channel, q4k_codes,
+                                       unpermute, unpermuted_rows)
 from specdec.native.layers import Linear
 
-ARCHITECTURES = ("qwen2",)
+ARCHITECTURES = ("qwen2", "llama")
 CONVERT_ROWS = 4096  # rows dequantized at a time when a matrix is rounded to int8
 
 
@@ -42,6 +49,8 @@ class Qwen2Config:
     rope_theta: float
     eps: float
     context_length: int
+    rope_scale: float = 1.0  # linear RoPE scaling: angle = position / rope_scale * inv_freq
+    architecture: str = "qwen2"
 
 
 @dataclass
@@ -174,9 +183,23 @@ def _field(reader, key: str, default=None):
     field = reader.fields.get(key)
     if field is None:
         if default is None:
-            raise SpecdecError(f"the GGUF lacks {key}: not a Qwen2 model llama.cpp would run")
+            raise SpecdecError(f"the GGUF lacks {key}: not a model llama.cpp would run")
         return default
     return field.contents()
+
+
+def _rope_scale(reader, arch: str) -> float:
+    """The linear RoPE factor (1.0 without scaling); any other scaling is a one-line refusal."""
+    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
+    legacy = reader.fields.get(f"{arch}.rope.scale_linear")  # older converters' key for linear scaling
+    if kind == "none" and legacy is None:
+        return 1.0
+    if kind not in ("none", "linear"):
+        raise SpecdecError(f"the native forward runs plain or linear RoPE; this GGUF's is {kind}")
+    factor = float(_field(reader, f"{arch}.rope.scaling.factor", 0.0)) or float(legacy.contents() if legacy else 1.0)
+    if factor <= 0:
+        raise SpecdecError(f"the GGUF's linear RoPE factor is {factor}")
+    return factor
 
 
 def problem(path: Path | str) -> str:
@@ -202,21 +225,34 @@ def read_config(reader) -> Qwen2Config:
     if arch not in ARCHITECTURES:
         raise SpecdecError(f"the native forward runs {', '.join(ARCHITECTURES)} GGUFs; this one is {arch}")
     hidden, heads = int(_field(reader, f"{arch}.embedding_length")), int(_field(reader, f"{arch}.attention.head_count"))
+    if int(_field(reader, f"{arch}.expert_count", 0)) > 0:
+        raise SpecdecError(f"the native forward runs dense models; this {arch} GGUF is a mixture of experts")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise SpecdecError("the native forward runs plain or linear RoPE; this GGUF scales RoPE per frequency "
+                           "(rope_freqs.weight, llama3-style)")
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embd is None:
         raise SpecdecError("the GGUF has no token_embd.weight")
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
+    if int(_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
+        raise SpecdecError("the native forward needs keys and values of one head size")
+    if int(_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+        raise SpecdecError(f"the native forward rotates whole heads; this GGUF ropes "
+                           f"{_field(reader, f'{arch}.rope.dimension_count')} of {head_dim} dimensions")
     return Qwen2Config(
         vocab=int(embd.shape[1]), hidden=hidden, intermediate=int(_field(reader, f"{arch}.feed_forward_length")),
         layers=int(_field(reader, f"{arch}.block_count")), heads=heads,
-        kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)), head_dim=head_dim,
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        context_length=int(_field(reader, f"{arch}.context_length", 32768)))
+        context_length=int(_field(reader, f"{arch}.context_length", 32768)),
+        rope_scale=_rope_scale(reader, arch), architecture=arch)
 
 
 def read_qwen2(path: Path | str, dense: bool = False) -> Qwen2Weights:
-    """The GGUF at path as the native model's weights (see the module's docstring for what becomes what)."""
+    """The GGUF at path (any of ARCHITECTURES) as the native model's weights (see the module's docstring for
+    what becomes what)."""
     from gguf import GGUFReader
 
     path = Path(path)
@@ -242,11 +278,24 @@ def read_qwen2(path: Path | str, dense: bool = False) -> Qwen2Weights:
         # a copy: an F32 tensor dequantizes to a view of the file's map, which the weights must not keep
         return GGUFTensor(t.tensor_type.name, t.data, (1, int(t.n_elements))).dequantize()[0].clone()
 
+    heads = {"q": config.heads, "k": config.kv_heads}
+    permuted = config.architecture in PERMUTED_QK
+
+    def projection(name: str, part: str) -> GGUFTensor:
+        tensor = matrix(name)
+        return unpermute(tensor, heads[part]) if permuted and part in heads else tensor
+
+    def projection_bias(name: str, part: str) -> torch.Tensor | None:
+        bias = vector(name, False)
+        if bias is None or not (permuted and part in heads):
+            return bias
+        return bias[torch.from_numpy(unpermuted_rows(len(bias), heads[part]))]
+
     layers = []
     for i in range(config.layers):
         b = f"blk.{i}."
-        qkv = [_codes(matrix(f"{b}attn_{x}.weight"), dense) for x in "qkv"]
-        biases = [vector(f"{b}attn_{x}.bias", False) for x in "qkv"]
+        qkv = [_codes(projection(f"{b}attn_{x}.weight", x), dense) for x in "qkv"]
+        biases = [projection_bias(f"{b}attn_{x}.bias", x) for x in "qkv"]
         bias = None
         if any(v is not None for v in biases):
             bias = torch.cat([v if v is not None else torch.zeros(_rows(c)) for c, v in zip(qkv, biases)])

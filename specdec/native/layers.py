@@ -96,10 +96,13 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pre
     return torch.stack(out)
 
 
-def rope_table(positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_table(positions: int, head_dim: int, theta: float, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin f32[positions, D/2] as transformers' default rotary embedding computes them (inv_freq and angles in
-    fp32). Made once per model: a position's entry never depends on the pass that reads it."""
+    fp32), its "linear" one for scale != 1 (inv_freq / scale). Made once per model: a position's entry never
+    depends on the pass that reads it."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scale != 1.0:
+        inv_freq = inv_freq / scale
     angles = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
     return angles.cos(), angles.sin()
 

@@ -1,11 +1,14 @@
-"""Qwen2 as a forward of our own, in gpt-fast's style: explicit positions, a preallocated KV cache, a few ops a
-layer, every one of them row-exact (layers.py), so a row's logits do not depend on the pass it came in.
+"""Qwen2 and Llama (DeepSeek-Coder, CodeLlama) as a forward of our own, in gpt-fast's style: explicit positions, a
+preallocated KV cache, a few ops a layer, every one of them row-exact (layers.py), so a row's logits do not
+depend on the pass it came in. The two are one decoder: Llama lacks Qwen2's QKV bias (the weights hold None)
+and may scale RoPE linearly (the config's rope_scale); gguf_weights puts a llama GGUF's permuted Q/K rows back
+in HF order, so both rotate NeoX-style here.
 
 A pass takes n rows: token ids, their positions (RoPE), the cache slots their K/V are written to, and what each
 row attends to: slots 0 .. prefix-1, then `extra` slots in order (a tree node's ancestors by depth, then
 itself). Which rows share a pass, and in which slots the keys sit, changes no bit of a row's result.
 
-Per layer: x -> RMSNorm -> QKV -> bias, RoPE (NeoX: halves rotated), K/V into the cache (one op) -> attention ->
+Per layer: x -> RMSNorm -> QKV -> bias (Qwen2), RoPE (NeoX: halves rotated), K/V into the cache (one op) -> attention ->
 O -> residual add + RMSNorm -> gate|up -> SiLU * up -> down -> residual add + the next RMSNorm.
 """
 
@@ -54,7 +57,7 @@ class Qwen2:
         self.scale = self.config.head_dim ** -0.5
         # RoPE's cos/sin for every position the model takes, made once (layers.rope_table)
         self.cos, self.sin = F.rope_table(self.config.context_length + ROPE_SLACK, self.config.head_dim,
-                                          self.config.rope_theta)
+                                          self.config.rope_theta, self.config.rope_scale)
 
     def new_cache(self, slots: int, dtype: torch.dtype = torch.bfloat16) -> KVCache:
         return KVCache.empty(self.config, slots, dtype)

@@ -4,7 +4,7 @@ that cannot be written costs nothing but the next start's conversion."""
 
 import pytest
 import torch
-from native_models import hf_model, kernels_or_skip
+from native_models import LLAMA_SCALE, hf_model, kernels_or_skip, write
 
 from gguf_files import write_qwen2_gguf
 from specdec.native import gguf_weights, weights_cache
@@ -24,6 +24,18 @@ def gguf(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_qwen2_gguf(hf_model(), path, types={"blk.1.attn_v": "Q8_0"}, tied=True)
     return path
+
+
+def test_a_llama_comes_back_from_the_cache_as_it_was_converted(tmp_path, monkeypatch):
+    """The stored config keeps the architecture and the RoPE factor; the Q/K rows are stored unpermuted."""
+    kernels_or_skip()
+    path = write(tmp_path / "tiny-llama.gguf", arch="llama", layers=1)
+    calls = conversions(monkeypatch)
+    first = weights_cache.read_qwen2_cached(path)
+    again = weights_cache.read_qwen2_cached(path)
+    assert len(calls) == 1 and again.config == first.config and again.config.architecture == "llama"
+    assert again.config.rope_scale == LLAMA_SCALE
+    assert torch.equal(logits(again), logits(first))
 
 
 def conversions(monkeypatch) -> list:

@@ -1,13 +1,14 @@
 """Bit-exactness: a row's logits and every layer's hidden state are the same whether the row came as a one-token
 decode step, as row j of a k-row chain pass, as a node of a tree pass or inside a prefill chunk, with the
 context length p fuzzed across the attention blocks' boundaries (32 keys) and k from 1 to 33. This is what
-makes greedy speculation return plain greedy's output on the native forward whatever the drafts."""
+makes greedy speculation return plain greedy's output on the native forward whatever the drafts. Every test
+runs for both architectures (qwen2: QKV biases; llama: none, linearly scaled RoPE, Q/K unpermuted at load)."""
 
 import random
 
 import pytest
 import torch
-from native_models import kernels_or_skip, native_model
+from native_models import ARCHS, kernels_or_skip, native_model
 
 from specdec.engine.tree import ROOT
 from specdec.native import layers
@@ -17,11 +18,11 @@ KS = range(1, 34)
 LENGTH = max(PREFIXES) + max(KS) + 2
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=ARCHS)
+def model(request):
     kernels_or_skip()
     print(f"native ops: {'compiled' if layers.ops_available() else 'torch reference: ' + layers.ops_unavailable_reason()}")
-    return native_model(capacity=256)
+    return native_model(capacity=256, arch=request.param)
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
-"""On the native target, greedy speculative output equals plain greedy output for every strategy, bit for bit:
-Session, the drafters, trees and the planner run unchanged on the CachedLM protocol, with a native draft or a
-transformers one."""
+"""On the native target (Qwen2 and Llama), greedy speculative output equals plain greedy output for every
+strategy, bit for bit: Session, the drafters, trees and the planner run unchanged on the CachedLM protocol, with
+a native draft or a transformers one."""
 
 import pytest
 import torch
-from native_models import VOCAB, kernels_or_skip, native_model
+from native_models import ARCHS, VOCAB, kernels_or_skip, native_model
 
 import tiny
 from specdec.engine.cost_curve import CostCurve
@@ -20,10 +20,10 @@ MAX_NEW = 20
 CURVE = CostCurve((1, 2, 4, 8, 16, 33), (1.0, 1.02, 1.05, 1.1, 1.2, 1.5))
 
 
-@pytest.fixture(scope="module")
-def target():
+@pytest.fixture(scope="module", params=ARCHS)
+def target(request):
     kernels_or_skip()
-    return native_model(seed=0, capacity=256)
+    return native_model(seed=0, capacity=256, arch=request.param)
 
 
 @pytest.fixture(scope="module", params=["native-draft", "transformers-draft"])
