@@ -217,7 +217,16 @@ def problem(path: Path | str) -> str:
     names = {t.name for t in reader.tensors}
     missing = [n for n in ("output_norm.weight", "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight",
                            "blk.0.attn_q.weight", "blk.0.ffn_down.weight") if n not in names]
-    return f"{Path(path).name} lacks {', '.join(missing)}" if missing else ""
+    if missing:
+        return f"{Path(path).name} lacks {', '.join(missing)}"
+    multiplied = "output.weight" if "output.weight" in names else "token_embd.weight"  # tied: the embedding
+    for t in reader.tensors:  # every matrix the kernels read, by its shape alone
+        if len(t.shape) == 2 and (t.name.startswith("blk.") or t.name == multiplied):
+            out, inp = int(t.shape[1]), int(t.shape[0])
+            if not w4a8.tiles(out, inp):
+                return (f"{t.name} ({out}x{inp}) does not fit the W4A8/W8A8 tiles (out % {w4a8.TILE_N}, "
+                        f"in % {w4a8.GROUP})")
+    return ""
 
 
 def read_config(reader) -> Qwen2Config:

@@ -99,6 +99,8 @@ def test_the_older_linear_scaling_key_is_read(tmp_path):
     (lambda w: w.add_tensor("rope_freqs.weight", np.ones(32, dtype=np.float32)), "rope_freqs.weight"),
     (lambda w: w.add_uint32("llama.expert_count", 8), "mixture of experts"),
     (lambda w: w.add_uint32("llama.rope.dimension_count", 32), "ropes 32 of 64 dimensions"),
+    (lambda w: w.add_tensor("blk.0.ffn_extra.weight", np.ones((24, 256), dtype=np.float32)),
+     "blk.0.ffn_extra.weight (24x256) does not fit the W4A8/W8A8 tiles"),
 ])
 def test_what_the_native_forward_cannot_serve_is_refused_in_one_line(tmp_path, extra, message):
     from specdec.native.loading import choose, why_not_native
