@@ -3,7 +3,10 @@ local engine, with the same face to the scheduler (service.py) and the server.
 
 Completions run on a small pool (the engine batches requests; a slow one must not hold the next), each
 streamed by specdec.backends.remote with the server's stop predicate after every piece and the same
-syntax.finalize as a local generation. The engine's health (health.py) reaches the editor as one
+syntax.finalize as a local generation. The repository index runs here as for the local engine, in the target's
+tokens (its tokenizer built locally from `target`, specdec/backends/remote/tokens.py): its best chunks for the
+cursor (specdec/repository/context.py) are the engine's repository context, the heads of other open files where
+it has none (off, still building, or no tokenizer could be built). The engine's health (health.py) reaches the editor as one
 `window/showMessage` per outage and as `engine` in `specdec/stats`, which the VS Code status bar shows.
 """
 
@@ -11,7 +14,8 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Callable
 
 from lsp_server import syntax
@@ -28,7 +32,6 @@ class RemoteHost:
         self.backend = make_backend(kind, on_status=lambda state, message: self.on_status(state, message))
         self.backend.repo_key_of = repo_key_of
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="specdec-engine")
-        self.completer = None  # no local model: prompts are the engine's (or built as text, prompt.py)
         self.adapter = ""
         self.adapter_error = ""
         self.target_quant = ""
@@ -38,7 +41,8 @@ class RemoteHost:
         self.trace_probabilities = False
         self.on_warning: Callable[[str], None] = lambda message: None
         self.idle = threading.Event()
-        self.idle.set()
+        self.idle.set()  # the engine computes: the indexer never waits for a remote completion
+        self._index_lock = threading.Lock()
 
     # the state the server and the editor read
     @property
@@ -63,6 +67,18 @@ class RemoteHost:
 
     def load(self, settings, report=lambda message, percent: None) -> None:
         self.backend.load(settings, report)
+        if self.backend.ready:
+            report(f"building {settings.target}'s tokenizer", 80)
+            self.backend.token_counter()  # here, on the loading thread: the indexer and the budgets need it
+
+    @property
+    def completer(self):
+        """What the server reads of the local engine's completer: the target's template and tokenizer (the
+        repository indexer is handed `completer.session.tokenizer`), None while there is no tokenizer."""
+        counter = self.backend._counter
+        if counter is None or not counter.exact:
+            return None
+        return TargetSide(self.backend.template(), SimpleNamespace(tokenizer=counter.tokenizer))
 
     def reconfigure(self, settings):
         """Every setting but the engine's own applies at the next request (the backend reads them then)."""
@@ -78,7 +94,16 @@ class RemoteHost:
         return True
 
     def index_for(self, settings):
-        return None  # the repository index drafts for the local engine; the engine drafts for itself
+        """The repository index (its chunks are the engine's context), or None: off, or no tokenizer for its ids."""
+        counter = self.backend._counter
+        if not settings.repo_index or (counter is not None and not counter.exact):
+            return None
+        with self._index_lock:
+            if self.repo_index is None:
+                from specdec.engine.drafters.repo_index import RepoIndex
+
+                self.repo_index = RepoIndex(settings.repo_index_max_tokens)
+            return self.repo_index
 
     def adapter_for(self, workspace: str):
         return None  # the served adapter is chosen per request by the backend (RemoteBackend.adapter_for)
@@ -94,12 +119,34 @@ class RemoteHost:
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)
         result = self.backend.complete(replace_settings(request, settings), syntax.stop_predicate(ctx), cancel,
-                                       getattr(request, "chunks", None))
+                                       self.chunks(request))
         self.adapter = result.stats.get("adapter", "")
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
+    def chunks(self, request) -> list[dict]:
+        """The repository context, best first: the index's chunks for the cursor, else the heads of other open
+        files of the language (the server's `chunks`, most recently opened first)."""
+        completer, index = self.completer, self.repo_index
+        if completer is not None and index is not None:
+            from specdec.repository.context import best_chunks
+
+            found = best_chunks(index, completer.session.tokenizer, request.prefix,
+                                getattr(request, "document", "") or None, request.workspace)
+            if found:
+                return found
+        return list(getattr(request, "chunks", None) or [])[::-1]
+
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class TargetSide:
+    """The target as known here for a remote engine: its FIM template and (as `session.tokenizer`, where the
+    server reads a local completer's) its tokenizer."""
+
+    template: object
+    session: object
 
 
 def repo_key_of(workspace: str) -> str:

@@ -139,6 +139,9 @@ class SpecdecServer(LanguageServer):
                 self.indexer.stop(timeout=0, clear=True)
                 self.indexer, self.host.repo_index = None, None
             return
+        if self.indexer is not None and self.indexer.index is not index:  # another engine's host: its own index
+            self.indexer.stop(timeout=0, clear=True)
+            self.indexer = None
         if self.indexer is None:
             from specdec.repository.indexer import WorkspaceIndexer
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from specdec.backends.remote import prompt as fim_prompt
 from specdec.backends.remote.engines import ENGINES, NOT_REPORTED, EngineRequest, Reading, Speculation, Vllm
 from specdec.backends.remote.health import Health
 from specdec.backends.remote.http import Call, Cancelled, EngineError, Endpoint, get_json, get_text
+from specdec.backends.remote.tokens import CHARS_PER_TOKEN, TokenCounter, target_tokenizer
 
 log = logging.getLogger("specdec.engine")
 
@@ -99,6 +101,9 @@ class RemoteBackend:
         # a workspace folder -> its repository's key in the adapter registry (the server's registry lookup;
         # specdec itself does not import the registry)
         self.repo_key_of: Callable[[str], str] = lambda workspace: ""
+        self._counter: TokenCounter | None = None  # the target's tokens (or the estimate), built once per target
+        self._counter_target: str | None = None
+        self._counter_lock = threading.Lock()
 
     @property
     def ready(self) -> bool:
@@ -157,6 +162,19 @@ class RemoteBackend:
         self._discovered = True
         return True
 
+    def token_counter(self) -> TokenCounter:
+        """Counts in the target's tokens: its tokenizer built here on first need (blocking: the server asks on its
+        loading thread), else the CHARS_PER_TOKEN estimate, said once in the log per target."""
+        target = getattr(self.settings, "target", "") or ""
+        with self._counter_lock:
+            if self._counter is None or self._counter_target != target:
+                tokenizer, why = target_tokenizer(target)
+                if tokenizer is None:
+                    log.warning("%s: no tokenizer for %r here (%s): the repository context's budget is estimated "
+                                "at %d characters a token", self.kind, target, why, CHARS_PER_TOKEN)
+                self._counter, self._counter_target = TokenCounter(tokenizer), target
+            return self._counter
+
     def template(self):
         family = self.settings.fim_family or fim_prompt.family_of(self.model, self.settings.target)
         return fim_prompt.template_for(family)
@@ -176,7 +194,8 @@ class RemoteBackend:
         template = self.template()
         prefix = fim_prompt.cut_prefix(request.prefix, s.max_prefix_tokens)
         suffix = fim_prompt.cut_suffix(request.suffix, s.max_suffix_tokens)
-        chunks = fim_prompt.chunks_within(list(chunks or []), s.max_snippet_tokens)
+        chunks = fim_prompt.chunks_within(list(chunks or []), s.max_snippet_tokens,
+                                          self.token_counter() if chunks else None)
         workspace = getattr(request, "workspace", "") or ""
         adapter = self.adapter_for(workspace)
         text = fim_prompt.build(template, prefix, suffix, getattr(request, "path", "") or "", chunks,
@@ -188,7 +207,8 @@ class RemoteBackend:
 
     # -- one completion -----------------------------------------------------------------------------------
     def complete(self, request, stop=None, cancel=None, chunks: list[dict] | None = None) -> RemoteResult:
-        """Stream one completion. chunks: repository context [{filename, text}], best first."""
+        """Stream one completion. chunks: repository context [{filename, text}], best first; as many as fit
+        maxSnippetTokens (in the target's tokens) go to the engine, best last (prompt.chunks_within)."""
         started = time.perf_counter()
         if not self.health.may_try():
             return self._empty("error", started)

@@ -1,17 +1,16 @@
 """The FIM prompt as text for engines that take a raw prompt (vLLM, SGLang), with repository context.
 
-No tokenizer runs here: the engine tokenizes. Budgets are in tokens as the settings give them and applied
-in characters at CHARS_PER_TOKEN, a low estimate for code (Qwen's tokenizer averages 3-4 characters a token
-on source), so a prompt stays within its budget; the prefix is cut at a line start so the prompt's head,
-and with it the engine's prefix cache, survives typing. The template is the family's (specdec.prompts.fim):
-from `fimFamily`, else from the name of the model the engine serves, else from `target`.
+The engine tokenizes. The prefix and suffix budgets are applied in characters at CHARS_PER_TOKEN, a low estimate
+for code, so a prompt stays within them; the prefix is cut at a line start so the prompt's head, and with it the
+engine's prefix cache, survives typing. The repository context's budget is counted in the target's tokens where
+its tokenizer could be built here (tokens.py), else estimated the same way. The template is the family's
+(specdec.prompts.fim): from `fimFamily`, else from the name of the model the engine serves, else from `target`.
 """
 
 from __future__ import annotations
 
+from specdec.backends.remote.tokens import CHARS_PER_TOKEN, TokenCounter
 from specdec.prompts.fim import TEMPLATES, FimTemplate
-
-CHARS_PER_TOKEN = 3
 FAMILY_HINTS = (("qwen", "qwen"), ("starcoder", "starcoder"), ("codellama", "codellama"), ("deepseek", "deepseek"),
                 ("codestral", "codestral"))
 
@@ -39,16 +38,23 @@ def cut_suffix(suffix: str, max_tokens: int) -> str:
     return suffix[: max_tokens * CHARS_PER_TOKEN]
 
 
-def chunks_within(chunks: list[dict], max_tokens: int) -> list[dict]:
-    """The best chunks first, as many whole ones as fit the token budget."""
-    budget, kept = max_tokens * CHARS_PER_TOKEN, []
+def chunk_tokens(chunk: dict, counter: TokenCounter) -> int:
+    """What a chunk costs in the prompt: its file name and text on lines of their own, and one separator token
+    (Qwen's `<|file_sep|>`, which llama-server puts before each `input_extra` chunk too)."""
+    return counter.count(f"{chunk.get('filename', '')}\n{chunk.get('text', '')}\n") + 1
+
+
+def chunks_within(chunks: list[dict], max_tokens: int, counter: TokenCounter | None = None) -> list[dict]:
+    """The chunks that fit the token budget, taken best first (a chunk too big for what is left is skipped for
+    the next), then laid out best last: the nearest to the code being completed, where a model heeds it most."""
+    counter = counter or TokenCounter()
+    budget, kept = max_tokens, []
     for chunk in chunks:
-        size = len(chunk.get("filename", "")) + len(chunk.get("text", "")) + 16
-        if size > budget:
-            break
-        kept.append(chunk)
-        budget -= size
-    return kept
+        cost = chunk_tokens(chunk, counter)
+        if cost <= budget:
+            kept.append(chunk)
+            budget -= cost
+    return kept[::-1]
 
 
 def build(template: FimTemplate, prefix: str, suffix: str, path: str = "", chunks: list[dict] | None = None,

@@ -61,6 +61,18 @@ class IndexStats:
 
 
 @dataclass(frozen=True)
+class Located:
+    """One document where a context's end occurs: its key, its token ids [n], the offset in them just after the
+    match (where the continuation starts), the match's length and how many occurrences it has there."""
+
+    key: str
+    tokens: np.ndarray
+    offset: int
+    match_length: int
+    occurrences: int
+
+
+@dataclass(frozen=True)
 class Continuations:
     """What followed the longest match: distinct continuations and how often each occurred.
 
@@ -161,6 +173,7 @@ class RepoIndex:
         self.vocabulary = None  # whose token ids the documents are (vocabulary_of); None: unstamped
         self._view: tuple[tuple[Segment, ...], object] = ((), None)  # what queries read: segments and their stamp
         self._ids: dict[str, int] = {}  # key -> id of its live document
+        self._keys: dict[int, str] = {}  # id of a live document -> its key (locate's answer)
         self._sizes: dict[str, int] = {}  # key -> tokens of its live document
         self._evictable: OrderedDict[str, None] = OrderedDict()  # oldest first
         self._next_id = 0
@@ -199,6 +212,7 @@ class RepoIndex:
                 pending += len(ids)
                 self._next_id += 1
                 self._ids[key] = self._next_id
+                self._keys[self._next_id] = key
                 self._sizes[key] = len(ids)
                 if evictable:
                     self._evictable[key] = None
@@ -239,6 +253,7 @@ class RepoIndex:
                 return False
             self.vocabulary = vocabulary
             self._ids.clear()
+            self._keys.clear()
             self._sizes.clear()
             self._evictable.clear()
             self._publish([])
@@ -247,12 +262,15 @@ class RepoIndex:
     def clear(self) -> None:
         with self._write:
             self._ids.clear()
+            self._keys.clear()
             self._sizes.clear()
             self._evictable.clear()
             self._publish([])
 
     def _drop(self, segments: list[Segment], keys: set[str]) -> list[Segment]:
         ids = {self._ids.pop(key) for key in keys if key in self._ids}
+        for doc_id in ids:
+            self._keys.pop(doc_id, None)
         for key in keys:
             self._evictable.pop(key, None)
             self._sizes.pop(key, None)
@@ -328,26 +346,58 @@ class RepoIndex:
         longest match is in one, the next shorter match is used. vocabulary: whose ids the context is;
         nothing is found in an index stamped for another tokenizer.
         """
+        for length, found in self._matches(context, exclude, min_match, limit, vocabulary):
+            rows = [seg.continuations(positions, horizon) for seg, positions in found]
+            return Continuations.from_rows(length, np.concatenate(rows))
+        return None
+
+    def locate(self, context: Sequence[int], exclude: str | None = None, min_match: int = 1, documents: int = 4,
+               limit: int = MAX_CANDIDATES, vocabulary=None) -> list[Located]:
+        """Where the context's end occurs outside document `exclude`: up to `documents` documents, one Located
+        each (its first occurrence), those of the longest match first, then of shorter ones (>= min_match), and
+        within one length the documents with more occurrences first. Same rules as `query` (live documents
+        only, nothing in another tokenizer's index): these are the places the repo drafter drafts from."""
+        located: dict[str, Located] = {}
+        for length, found in self._matches(context, exclude, min_match, limit, vocabulary):
+            counts: dict[str, list] = {}
+            for seg, positions in found:
+                slots = np.searchsorted(seg.starts, positions, side="right") - 1
+                lengths = seg.lengths()
+                for position, slot in zip(positions.tolist(), slots.tolist()):
+                    key = self._keys.get(int(seg.doc_ids[slot]))
+                    if key is None or key in located:
+                        continue
+                    start, size = int(seg.starts[slot]), int(lengths[slot])
+                    entry = counts.setdefault(key, [0, seg.tokens[start: start + size], position - start])
+                    entry[0] += 1
+            for key, (count, tokens, offset) in sorted(counts.items(), key=lambda item: -item[1][0]):
+                located[key] = Located(key, tokens, offset, length, count)
+                if len(located) == documents:
+                    return list(located.values())
+        return list(located.values())
+
+    def _matches(self, context: Sequence[int], exclude: str | None, min_match: int, limit: int, vocabulary):
+        """(match length, [(segment, continuation positions)]) for each length with live occurrences, longest
+        first: `limit` occurrences in all per length, shared by the segments' counts."""
         segments, stamp = self._view
         if vocabulary is not None and stamp is not None and vocabulary != stamp:
-            return None
+            return
         backwards = list(context[-self.depth :])[::-1]
         if len(backwards) < max(1, min_match):
-            return None
+            return
         excluded = self._ids.get(exclude, -1) if exclude is not None else -1
         matches = [(seg, seg.match(backwards)) for seg in segments]
         longest = max((len(ranges) for _, ranges in matches), default=0)
         for length in range(longest, max(1, min_match) - 1, -1):
             spans = [(seg, ranges[length - 1]) for seg, ranges in matches if len(ranges) >= length]
             total = sum(hi - lo for _, (lo, hi) in spans)
-            rows = []
-            for seg, (lo, hi) in spans:  # `limit` occurrences in all, shared by the segments' counts
-                found = seg.positions(lo, hi, max(1, -(-limit * (hi - lo) // total)), excluded)
-                if len(found):
-                    rows.append(seg.continuations(found, horizon))
-            if rows:
-                return Continuations.from_rows(length, np.concatenate(rows))
-        return None
+            found = []
+            for seg, (lo, hi) in spans:
+                positions = seg.positions(lo, hi, max(1, -(-limit * (hi - lo) // total)), excluded)
+                if len(positions):
+                    found.append((seg, positions))
+            if found:
+                yield length, found
 
     def stats(self) -> IndexStats:
         segments = self._segments
