@@ -192,7 +192,9 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
         curve = target_cost_curve(session.target, cost_curve_key(**pair.target_identity()))
         session.cost_curve = curve  # learnt from every timed pass from here on, as in the server
         print(curve_line(curve), flush=True)
-    drafters = {s: make_drafter(s, draft, max_draft=args.max_draft, cost_curve=curve) for s in strategies if s in OURS}
+    repo = RepoRows(tokenizer) if "repo" in strategies else None
+    drafters = {s: make_drafter(s, draft, max_draft=args.max_draft, cost_curve=curve,
+                                **(repo.drafter_options() if s == "repo" else {})) for s in strategies if s in OURS}
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_draft=args.max_draft)
 
     session.generate(tokenizer.encode("def warm_up():\n    return"), GenerationConfig(4))  # threads, allocator
@@ -204,6 +206,8 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
           f"draft {args.draft if needs_draft else '-'} ({args.draft_quant})",
           flush=True)
     for hole in holes:
+        if repo is not None:
+            repo.index_for(hole)
         prompt = completer.prompt(hole.prefix, hole.suffix).ids
         previous = completer.prompt(hole.prefix[:-1], hole.suffix).ids
         reference = None
@@ -301,6 +305,37 @@ def curve_line(curve) -> str:
     learnt = f", {report['passes']} passes observed" if report["passes"] else ""
     return (f"target verify cost ({report['source']}{learnt}; ms per pass of n tokens): "
             + ", ".join(f"{n}: {ms:.0f}" for n, ms in report["ms"].items()))
+
+
+class RepoRows:
+    """The `repo` rows' repository index: per hole, the other files of the hole's own package with its suffix
+    (workload.neighbours), as the workspace a user editing that file would have indexed; one index, refilled when
+    the holes move to another source file."""
+
+    def __init__(self, tokenizer):
+        from specdec.engine.drafters.repo_index import RepoIndex
+        from specdec.prompts import fim
+
+        self.tokenizer = tokenizer
+        self.index = RepoIndex()
+        self.markers = fim.markers(tokenizer, fim.detect(tokenizer))
+        self.source = None
+
+    def drafter_options(self) -> dict:
+        return {"repo_index": self.index, "prompt_markers": self.markers}
+
+    def index_for(self, hole) -> None:
+        from specdec_bench.workload import neighbours
+
+        if hole.source == self.source:
+            return
+        self.source = hole.source
+        files = neighbours(hole.source)
+        self.index.clear()
+        self.index.add_many((name, self.tokenizer.encode(text)) for name, text in files)
+        stats = self.index.stats()
+        print(f"  repository index for {hole.source.name}: {len(files)} other {Path(hole.source.member).suffix} "
+              f"files of {hole.source.package}, {stats.tokens} tokens", flush=True)
 
 
 def run_ours(session, drafter, strategy: str, prompt: list[int], previous: list[int], config, cold: bool,

@@ -153,6 +153,53 @@ def fetch(source: SourceFile) -> str:
     return cached.read_text(encoding="utf-8")
 
 
+NEIGHBOUR_FILES = 400  # the repository index a hole's `repo` row drafts from: at most this many files ...
+NEIGHBOUR_BYTES = 4_000_000  # ... and bytes, from the source's own package
+
+
+def neighbours(source: SourceFile) -> list[tuple[str, str]]:
+    """(member, text) of the other files of the source's own package with its suffix: the workspace a user editing
+    that file would have indexed (`specdec bench --strategies repo`); the file itself is never among them, so the
+    hole's hidden text reaches the index only where the project really repeats it."""
+    suffix = Path(source.member).suffix
+    if source.registry == "local":
+        folder = Path(source.member).parent
+        members = [(str(p), p.read_bytes()) for p in sorted(folder.glob(f"*{suffix}"))
+                   if p.is_file() and str(p) != source.member]
+    else:
+        archives = cache_dir() / "bench-sources" / "archives"
+        stem = source.package.split("=")[0].split("@")[0].lower().replace("_", "-")
+        found = [p for p in archives.iterdir() if p.name.lower().replace("_", "-").startswith(stem)] \
+            if archives.is_dir() else []
+        archive = max(found, key=lambda p: p.stat().st_mtime) if found else _download(source, archives)
+        members = _members(archive, suffix, source.member)
+    out, size = [], 0
+    for name, data in members[:NEIGHBOUR_FILES]:
+        if size + len(data) > NEIGHBOUR_BYTES:
+            break
+        size += len(data)
+        out.append((name, data.decode("utf-8", errors="replace")))
+    return out
+
+
+def _members(archive: Path, suffix: str, exclude: str) -> list[tuple[str, bytes]]:
+    """The archive's regular files ending in `suffix`, but `exclude`, by name."""
+    import io
+
+    try:
+        if archive.suffix == ".deb":
+            data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(archive)], capture_output=True,
+                                  check=True).stdout
+            tf = tarfile.open(fileobj=io.BytesIO(data))
+        else:
+            tf = tarfile.open(archive)
+        with tf:
+            return [(m.name, tf.extractfile(m).read()) for m in sorted(tf.getmembers(), key=lambda m: m.name)
+                    if m.isfile() and m.name.endswith(suffix) and m.name != exclude]
+    except (tarfile.TarError, subprocess.CalledProcessError, OSError) as exc:
+        raise SpecdecError(f"cannot read {archive.name} for the repository index: {exc}") from None
+
+
 def load_workload(languages: list[str] | None = None, holes_per_file: int = 2,
                   sources: tuple[SourceFile, ...] = SOURCES) -> list[Hole]:
     holes = []
