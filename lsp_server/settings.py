@@ -84,8 +84,9 @@ class Settings:
                                             "w4a8": "specdec's AVX512-VNNI kernel; an error where it cannot run.",
                                             "aten": "PyTorch's int4 CPU kernel, bf16 activations."},
                                reload=True)
-    forward: str = setting("auto", "The target's forward: native is specdec's own (a Qwen2 GGUF on CPU, read straight "
-                           "from the file; greedy speculation bit-exact), transformers the transformers model.",
+    forward: str = setting("auto", "The target's forward: native is specdec's own (a Qwen2 or Llama GGUF — "
+                           "Qwen2.5-Coder, DeepSeek-Coder, CodeLlama — on CPU, read straight from the file; greedy "
+                           "speculation bit-exact), transformers the transformers model.",
                            choices=FORWARDS,
                            choice_docs={"auto": "native where it can run, else transformers.",
                                         "native": "specdec's own forward; an error where it cannot run.",
@@ -107,7 +108,9 @@ class Settings:
     max_suffix_tokens: int = setting(64, "Prompt tokens after the cursor at most; re-prefilled on every keystroke, "
                                      "so keep it short.", min=0, max=8192)
     snippets_from_open_files: bool = setting(True, "Put the heads of other open files of the language in the prompt.")
-    max_snippet_tokens: int = setting(256, "Tokens of other open files in the prompt at most.", min=0, max=4096)
+    max_snippet_tokens: int = setting(256, "Tokens of repository context in the prompt at most: heads of other open "
+                                      "files, or with a remote engine the repository index's chunks for the cursor.",
+                                      min=0, max=4096)
     multiline: bool = setting(True, "Allow multi-line completions.")
     prometheus_port: int = setting(0, "Prometheus metrics on 127.0.0.1 at this port; 0 is off. A port that cannot "
                                    "be bound refuses the change; once it serves, a new port takes effect at restart.",
