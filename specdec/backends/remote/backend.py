@@ -162,11 +162,17 @@ class RemoteBackend:
         self._discovered = True
         return True
 
-    def token_counter(self) -> TokenCounter:
-        """Counts in the target's tokens: its tokenizer built here on first need (blocking: the server asks on its
-        loading thread), else the CHARS_PER_TOKEN estimate, said once in the log per target."""
+    def token_counter(self, wait: bool = True) -> TokenCounter:
+        """Counts in the target's tokens: its tokenizer built here on first need (blocking, seconds for a GGUF's
+        vocabulary: the server builds it on its loading thread), else the CHARS_PER_TOKEN estimate, said once in the
+        log per target. wait=False: while another thread builds it, the estimate (a completion does not wait)."""
         target = getattr(self.settings, "target", "") or ""
-        with self._counter_lock:
+        counter = self._counter
+        if counter is not None and self._counter_target == target:
+            return counter
+        if not self._counter_lock.acquire(blocking=wait):
+            return TokenCounter()
+        try:
             if self._counter is None or self._counter_target != target:
                 tokenizer, why = target_tokenizer(target)
                 if tokenizer is None:
@@ -174,6 +180,8 @@ class RemoteBackend:
                                 "at %d characters a token", self.kind, target, why, CHARS_PER_TOKEN)
                 self._counter, self._counter_target = TokenCounter(tokenizer), target
             return self._counter
+        finally:
+            self._counter_lock.release()
 
     def template(self):
         family = self.settings.fim_family or fim_prompt.family_of(self.model, self.settings.target)
@@ -195,7 +203,7 @@ class RemoteBackend:
         prefix = fim_prompt.cut_prefix(request.prefix, s.max_prefix_tokens)
         suffix = fim_prompt.cut_suffix(request.suffix, s.max_suffix_tokens)
         chunks = fim_prompt.chunks_within(list(chunks or []), s.max_snippet_tokens,
-                                          self.token_counter() if chunks else None)
+                                          self.token_counter(wait=False) if chunks else None)
         workspace = getattr(request, "workspace", "") or ""
         adapter = self.adapter_for(workspace)
         text = fim_prompt.build(template, prefix, suffix, getattr(request, "path", "") or "", chunks,
