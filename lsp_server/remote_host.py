@@ -6,8 +6,8 @@ streamed by specdec.backends.remote with the server's stop predicate after every
 syntax.finalize as a local generation. The repository index runs here as for the local engine, in the target's
 tokens (its tokenizer built locally from `target`, specdec/backends/remote/tokens.py): its best chunks for the
 cursor (specdec/repository/context.py) are the engine's repository context, the heads of other open files where
-it has none (off, still building, or no tokenizer could be built). The engine's health (health.py) reaches the editor as one
-`window/showMessage` per outage and as `engine` in `specdec/stats`, which the VS Code status bar shows.
+it has none (off, still building, or no tokenizer could be built). The engine's health (health.py) reaches the
+editor as one `window/showMessage` per outage and as `engine` in `specdec/stats`, which the VS Code status bar shows.
 """
 
 from __future__ import annotations

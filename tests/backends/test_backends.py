@@ -59,11 +59,13 @@ def test_make_backend_makes_each_remote_engine(kind):
     assert server_side.url == "" and said == ["unreachable"]
 
 
+URL_RULE = "engine URL must be http://HOST[:PORT][/PATH] or https://..., not"
+
+
 @pytest.mark.parametrize("kind, url, message", [
-    ("vllm", "ftp://engine:8000", "engine URL must be http://HOST[:PORT][/PATH] or https://..., not 'ftp://engine:8000'"),
-    ("sglang", "engine:8000", "engine URL must be http://HOST[:PORT][/PATH] or https://..., not 'engine:8000'"),
-    ("llama-server", "http://me:hunter2@engine:99999", "engine URL must be http://HOST[:PORT][/PATH] or https://..., "
-                                                       "not 'http://engine:99999'"),
+    ("vllm", "ftp://engine:8000", f"{URL_RULE} 'ftp://engine:8000'"),
+    ("sglang", "engine:8000", f"{URL_RULE} 'engine:8000'"),
+    ("llama-server", "http://me:hunter2@engine:99999", f"{URL_RULE} 'http://engine:99999'"),
     ("local", "http://127.0.0.1:8012", "engine URL needs engine llama-server, vllm or sglang"),
 ])
 def test_make_backend_refuses_a_bad_url_in_one_line(kind, url, message):

@@ -33,8 +33,9 @@ def test_recorded_response_parses_to_tokens_and_timings():
 def test_speculation_flags_of_this_llama_cpp():
     assert llama.server_args("llama-plain", None) == []
     # b11434 loads -md without drafting unless --spec-type draft-simple names it
-    assert llama.server_args("llama-draft", Path("d.gguf"), 16) == [
-        "-md", "d.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "16", "--spec-draft-n-min", "0", "-td", "2"]
+    assert llama.server_args("llama-draft", Path("d.gguf"), 16) == ["-md", "d.gguf", "--spec-type", "draft-simple",
+                                                                    "--spec-draft-n-max", "16", "--spec-draft-n-min",
+                                                                    "0", "-td", "2"]
     assert "--spec-type" in llama.server_args("llama-ngram", None)
     with pytest.raises(ValueError, match="needs the draft"):
         llama.server_args("llama-draft", None)
