@@ -25,7 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from lsp_server import syntax
-from lsp_server.service import CompletionRequest, ModelHost
+from lsp_server.hosts import ModelHost
+from lsp_server.service import CompletionRequest
 from lsp_server.settings import Settings, SettingsError
 from specdec.backends import llama_server
 from specdec_bench import humaneval, llama

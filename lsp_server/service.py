@@ -6,9 +6,8 @@ running generation, wait for the model (stale waiters are dropped: newest first)
 generate in the model's single worker thread with a cancel token the loop checks
 between steps. `$/cancelRequest` cancels the awaiting task, which sets that token.
 
-The models and their worker are the in-process backend's (specdec/backends/local.py); `ModelHost` is that
-backend as the server runs it: adapters from the registry, the settings' errors, and the syntax rules
-(lsp_server/syntax.py) that stop and trim whatever the backend returns.
+The host (lsp_server/hosts.py: the in-process models and their single worker, or a remote engine) computes; this
+module decides when, and for which request.
 """
 
 from __future__ import annotations
@@ -16,23 +15,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import threading
 import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 from lsp_server import source_metrics, syntax
 from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.online import OnlineAdaptation
-from lsp_server.settings import Settings, SettingsError
+from lsp_server.settings import Settings
 from lsp_server.traces import TraceStore
-from specdec import backends
-from specdec.backends.local import LocalBackend
-from specdec.errors import SpecdecError
 
 log = logging.getLogger("specdec.server")
 
@@ -69,89 +63,8 @@ class Suggestion:
     document: str = ""  # the request's document (its index key): the file filter judges the accepted text by it
 
 
-class ModelHost(LocalBackend):
-    """The in-process backend as the server runs it: adapters from the registry per workspace, the server's
-    settings errors, and the syntax rules around each generation."""
-
-    def __init__(self):
-        super().__init__()
-        self._warned: set[str] = set()  # broken registry entries already said (_warn_once)
-        self._warned_lock = threading.Lock()
-        self.trace_probabilities = False  # record p and q in the pass traces: set once a client asks for traces
-        self._adapter_lookup: dict[str, tuple[float, object]] = {}  # workspace -> (registry mtime, meta)
-
-    def _published(self) -> None:
-        self._adapter_lookup = {}
-
-    def reconfigure(self, settings: Settings) -> Callable[[], None] | None:
-        """LocalBackend.reconfigure; SettingsError when the loaded models cannot serve these settings."""
-        try:
-            return super().reconfigure(settings)
-        except SpecdecError as exc:
-            raise SettingsError(f"{exc} (with the loaded models)") from None
-
-    def adapter_for(self, workspace: str):
-        """The newest registered adapter of the workspace's repository made for this draft, or None."""
-        if self.switchable is None or not workspace:
-            return None
-        from specdec_adapters.registry import Registry, repo_identity
-
-        try:
-            registry = Registry()
-            stamp = registry.root.stat().st_mtime_ns + sum(p.stat().st_mtime_ns for p in registry.root.iterdir())
-            cached = self._adapter_lookup.get(workspace)
-            if cached and cached[0] == stamp:
-                meta = cached[1]
-                return None if meta is not None and (meta.name, self.draft_hash) in self.broken_adapters else meta
-            meta = registry.latest(repo_identity(Path(workspace))[0])
-            problems = registry.problems
-        except (SpecdecError, OSError, ValueError) as exc:  # an unreadable registry: the base draft, said once
-            meta, stamp = None, None
-            problems = [f"the adapter registry is unreadable ({str(exc).splitlines()[0] if str(exc) else exc!r})"]
-        for problem in problems:  # a broken entry is skipped: the repository's other versions, else the base draft
-            self._warn_once(problem, f"{problem}; skipped: completions use the repository's other adapter "
-                                     f"versions, or the base draft")
-        if meta is not None and meta.base_draft_hash != self.draft_hash:
-            log.warning("adapter %s was made for another base draft; not using it", meta.name)
-            meta = None
-        if stamp is not None:
-            self._adapter_lookup[workspace] = (stamp, meta)
-        return None if meta is not None and (meta.name, self.draft_hash) in self.broken_adapters else meta
-
-    def _warn_once(self, key: str, message: str) -> None:
-        """Log and show a broken adapter's message the first time only (adapter_for runs for every request,
-        on the event loop and on the worker)."""
-        with self._warned_lock:
-            if key in self._warned:
-                return
-            self._warned.add(key)
-        self.adapter_error = key
-        log.warning("%s", message)
-        self.on_warning(message)
-
-    def adapter_file(self, meta):
-        from specdec_adapters.registry import Registry
-
-        return Registry().path(meta)
-
-    def generate(self, request: CompletionRequest, ctx: syntax.CursorContext, settings: Settings, cancel):
-        """Worker thread: one completion, stopped and trimmed by the syntax rules. Returns (text, CompletionResult)."""
-        if not settings.multiline:
-            ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
-        asked = replace(backend_request(request, settings), trace=self.trace_probabilities)
-        result = self.complete(asked, syntax.stop_predicate(ctx), cancel)
-        return syntax.finalize(ctx, result.text, result.stop_reason), result
-
-
-def backend_request(request: CompletionRequest, settings: Settings) -> backends.CompletionRequest:
-    """An editor's request under the server's settings, as a backend takes it."""
-    return backends.CompletionRequest(request.prefix, request.suffix, request.path, request.context, request.language,
-                                      request.workspace, request.document, settings.max_new_tokens,
-                                      settings.temperature, 0, settings.top_p, None, settings.max_draft)
-
-
 class CompletionService:
-    def __init__(self, host: ModelHost, metrics: MetricsStore, settings: Settings):
+    def __init__(self, host, metrics: MetricsStore, settings: Settings):
         self.host = host
         self.metrics = metrics
         self._settings = settings

@@ -122,3 +122,60 @@ def test_the_parser_and_the_server_start_without_torch(module):
         code = code.replace("; print", "; specdec.cli.build_parser(); print")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def snake(method: str) -> str:
+    """The module a method's handler lives in: its last part, camelCase to snake_case (textDocument/inlineCompletion
+    -> inline_completion, specdec.accept -> accept)."""
+    last = method.replace(".", "/").rsplit("/", 1)[-1]
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in last)
+
+
+def test_the_server_is_routed_by_method():
+    """lsp_server/api/: one module per LSP method, each registering exactly the method it is named for; the router
+    registers every one, and nothing else registers a handler (server.py holds none)."""
+    import importlib
+
+    from lsp_server.api import router
+    from lsp_server.server import create_server
+
+    modules = sorted(p.stem for p in (ROOT / "lsp_server" / "api").glob("*.py") if p.stem not in ("__init__", "router"))
+    handlers = {name: importlib.import_module(f"lsp_server.api.{name}") for name in modules}
+    assert {h.__name__ for h in router.HANDLERS} == {h.__name__ for h in handlers.values()}
+    for name, module in handlers.items():
+        methods = [getattr(module, attr) for attr in ("METHOD", "COMMAND") if hasattr(module, attr)]
+        assert len(methods) == 1 and snake(methods[0]) == name, (name, methods)
+        assert callable(module.handle)
+    features = create_server().protocol.fm
+    assert set(features.features) == {h.METHOD for h in handlers.values() if hasattr(h, "METHOD")}
+    assert set(features.commands) == {h.COMMAND for h in handlers.values() if hasattr(h, "COMMAND")}
+    registering = []
+    for path in sorted((ROOT / "lsp_server").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("feature", "command") and path != ROOT / "lsp_server" / "api" / "router.py":
+                registering.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not registering, registering
+    server = ast.parse((ROOT / "lsp_server" / "server.py").read_text())
+    assert not [n.name for n in ast.walk(server) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.args.args and n.args.args[0].arg == "ls"]
+
+
+def test_the_handlers_are_on_top_of_the_servers_state():
+    """The server's state and scheduling (documents, settings, hosts, index, scheduler, ...) know no handler:
+    lsp_server.api is imported by server.py alone, lsp_server.server by the `specdec serve` command alone."""
+    violations = []
+    for path in sorted((ROOT / "lsp_server").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for module, line in imports(path).items():
+            if module.startswith("lsp_server.api") and not rel.startswith(("lsp_server/api/", "lsp_server/server.py")):
+                violations.append(f"{rel}:{line} imports {module}")
+            if module.startswith("lsp_server.server") and rel != "lsp_server/commands.py":
+                violations.append(f"{rel}:{line} imports {module}")
+    assert not violations, "\n".join(violations)
+
+
+def test_the_route_check_sees_a_misnamed_handler():
+    assert snake("textDocument/inlineCompletion") == "inline_completion" and snake("specdec.accept") == "accept"
+    assert snake("workspace/didChangeWorkspaceFolders") == "did_change_workspace_folders"
+    assert snake("specdec/stats") != "trace"

@@ -9,7 +9,7 @@ import tiny
 from humaneval_files import PROBLEMS, write_problems
 
 from specdec_bench import humaneval_bench
-from lsp_server.service import ModelHost
+from lsp_server.hosts import ModelHost
 from lsp_server.settings import Settings
 from specdec_bench import humaneval
 from specdec.engine.session import Generation, GenerationStats

@@ -18,7 +18,7 @@ def test_a_broken_adapter_falls_back_to_the_base_draft_with_a_warning(tmp_path, 
     #40.13: so did one of finite but huge factors (1e30), imported before import refused them."""
     import torch
 
-    from lsp_server.service import ModelHost
+    from lsp_server.hosts import ModelHost
     from specdec.models.lora import SwitchableDraft
 
     draft = SwitchableDraft(tiny.model(seed=2))
@@ -75,7 +75,7 @@ def register_for(repo, adapter, base_hash: str = "h"):
 def test_a_broken_registry_entry_falls_back_with_one_warning(tmp_path):
     """Issue #40.13: a meta.json that does not parse, or a version that is not v<int>, made every completion of
     its repository a -32603 error. The entry is skipped: the repository's other versions, else the base draft."""
-    from lsp_server.service import ModelHost
+    from lsp_server.hosts import ModelHost
     from specdec.models.lora import SwitchableDraft
 
     only, older = tmp_path / "only", tmp_path / "older"

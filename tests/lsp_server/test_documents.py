@@ -15,8 +15,8 @@ from pygls.workspace import position_codec as pygls_codec
 
 import raw_client as rc
 from lsp_server import documents
+from lsp_server.cursor import PREFIX_WINDOW, SUFFIX_WINDOW, window
 from lsp_server.documents import CHUNK, ChunkedText, Document
-from lsp_server.server import PREFIX_WINDOW, SUFFIX_WINDOW, window
 
 ENCODINGS = [types.PositionEncodingKind.Utf16, types.PositionEncodingKind.Utf8, types.PositionEncodingKind.Utf32]
 PIECES = ["a", "bc", " ", "é", "中", "😋", "\n", "\r\n", "\r", "\u2028", "\x0b", "\x85", "\ud83d"]
@@ -208,8 +208,8 @@ async def served():
     server.protocol.set_writer(capture)
     dispatcher = Dispatcher(server, lambda code: None)
     yield server, dispatcher, capture
-    if server.indexer is not None:
-        server.indexer.stop(timeout=10)
+    if server.indexing.indexer is not None:
+        server.indexing.indexer.stop(timeout=10)
     server.host.executor.shutdown(wait=True)
 
 

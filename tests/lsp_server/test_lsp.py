@@ -253,10 +253,10 @@ def test_an_out_of_range_port_is_refused_and_does_not_poison_later_changes(tmp_p
     from lsp_server.settings import Settings
 
     server, messages = bare_server(tmp_path, monkeypatch)
-    server.apply_settings({"strategy": "plain", "prometheusPort": 70000})
+    server.configuration.apply({"strategy": "plain", "prometheusPort": 70000})
     assert server.settings == server.service.settings == Settings()
     assert len(messages) == 1 and "prometheusPort" in messages[0] and "65535" in messages[0]
-    server.apply_settings({"strategy": "lookup"})
+    server.configuration.apply({"strategy": "lookup"})
     assert server.settings.strategy == server.service.settings.strategy == "lookup" and len(messages) == 1
 
 
@@ -272,10 +272,10 @@ def test_an_endpoint_that_fails_to_start_applies_nothing(tmp_path, monkeypatch):
         raise OSError(98, "Address already in use")
 
     monkeypatch.setattr(server.metrics, "serve_prometheus", in_use)
-    server.apply_settings({"strategy": "plain", "prometheusPort": 9464})
+    server.configuration.apply({"strategy": "plain", "prometheusPort": 9464})
     assert server.settings.strategy == "auto" and server.settings.prometheus_port == 0 and commits == []
     assert "prometheusPort 9464" in messages[-1] and "in use" in messages[-1]
-    server.apply_settings({"strategy": "plain"})
+    server.configuration.apply({"strategy": "plain"})
     assert server.settings.strategy == "plain" and [c.strategy for c in commits] == ["plain"]
 
 

@@ -22,7 +22,7 @@ def models(tmp_path_factory):
 
 
 def loaded_host(models, **options):
-    from lsp_server.service import ModelHost
+    from lsp_server.hosts import ModelHost
 
     host = ModelHost()
     settings = Settings().update({"target": str(models[0]), "draft": str(models[1]), "dtype": "fp32",

@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lsprotocol import types
 
+from lsp_server.api.inline_completion import inline_item
 from lsp_server.documents import ChunkedText
-from lsp_server.server import SUFFIX_WINDOW, create_server, inline_item, window
-from lsp_server.service import ModelHost
+from lsp_server.cursor import SUFFIX_WINDOW, build_request, window
+from lsp_server.hosts import ModelHost
+from lsp_server.server import create_server
 from lsp_server.settings import Settings
 from specdec.engine.session import CancelToken, Generation, GenerationStats
 
@@ -58,7 +60,7 @@ def apply(source: str, item: types.InlineCompletionItem) -> str:
 def complete_and_apply(source: str, line: int, col: int, script: str, eos: bool = True, **settings) -> str:
     server = server_with(source)
     position = types.Position(line, col)
-    request = server.build_request("file:///w/m.py", position, invoked=True)
+    request = build_request(server, "file:///w/m.py", position, invoked=True)
     ctx = __import__("lsp_server.syntax", fromlist=["analyze"]).analyze(request.language, request.prefix,
                                                                        request.suffix)
     host = ModelHost()

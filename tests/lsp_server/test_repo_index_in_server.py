@@ -9,7 +9,8 @@ from lsprotocol import types
 
 import lsp_client as lc
 import tiny
-from lsp_server.service import CompletionRequest, ModelHost
+from lsp_server.hosts import ModelHost
+from lsp_server.service import CompletionRequest
 from lsp_server.settings import Settings, SettingsError
 from repos import make_repo
 from specdec.repository.build import document_key

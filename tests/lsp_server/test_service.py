@@ -266,7 +266,7 @@ async def test_hits_are_attributed_to_their_own_workspaces_adapter(tmp_path):
 
 def test_first_run_pulls_catalog_models_with_progress_then_loads(tmp_path, monkeypatch):
     import tiny
-    from lsp_server.service import ModelHost
+    from lsp_server.hosts import ModelHost
     from specdec.models import store as models
     from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -353,7 +353,7 @@ def tiny_pair(tmp_path_factory):
 
 
 def loaded_host(tiny_pair, **options):
-    from lsp_server.service import ModelHost
+    from lsp_server.hosts import ModelHost
 
     host = ModelHost()
     settings = Settings().update({"target": str(tiny_pair[0]), "draft": str(tiny_pair[1]), "dtype": "fp32",
@@ -411,7 +411,7 @@ def test_a_valid_fim_family_change_rebuilds_the_template(tiny_pair):
 @pytest.mark.parametrize("error", [ImportError("No module named 'torch'"), KeyError("weight"), ValueError("bad")])
 def test_a_load_that_raises_anything_ends_failed(tmp_path, monkeypatch, error):
     """Issue #30 item 6: a load thread raising e.g. ImportError stayed in 'loading' forever."""
-    from lsp_server.service import ModelHost
+    from lsp_server.hosts import ModelHost
     from specdec.models import loading, store
 
     def broken(*args, **kwargs):
@@ -439,7 +439,7 @@ def test_target_quant_setting_serves_the_quantized_target(tiny_pair):
 
 def test_int4_kernel_setting_reaches_the_load(tiny_pair, monkeypatch):
     """int4Kernel w4a8 where the kernel cannot run fails the load with the reason; auto falls back; a change reloads."""
-    from lsp_server.service import ModelHost
+    from lsp_server.hosts import ModelHost
     from specdec.models import w4a8
 
     monkeypatch.setenv("SPECDEC_W4A8", "0")

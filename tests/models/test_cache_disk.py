@@ -221,7 +221,7 @@ def test_wheels_whose_gguf_is_not_assembled_are_kept(catalog_model, capsys):
 
 def test_the_servers_first_load_reports_the_lazy_conversion_as_progress(catalog_model):
     """A pulled model that transformers runs: the conversion happens inside the load, reported in 85..89."""
-    from lsp_server.service import ModelHost
+    from lsp_server.hosts import ModelHost
     from lsp_server.settings import Settings
 
     store.pull(MODEL)

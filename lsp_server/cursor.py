@@ -1,0 +1,109 @@
+"""What an editor's request at a cursor becomes: the document's text around the cursor, bounded, and the context
+of other open files, as a CompletionRequest the scheduler (service.py) takes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from lsprotocol import types
+
+from lsp_server import syntax
+from lsp_server.documents import ChunkedText, text_of
+from lsp_server.service import CompletionRequest
+
+log = logging.getLogger("specdec.server")
+BINARY_SNIFF = 8192
+PREFIX_WINDOW = 256_000  # characters before the cursor a request carries: far more than any prompt budget uses,
+SUFFIX_WINDOW = 64_000  # and a 10 MB document costs a slice, not a copy the size of the file per keystroke
+
+
+def uri_path(uri: str) -> str:
+    parsed = urlparse(uri)
+    return unquote(parsed.path) if parsed.scheme in ("file", "") else uri
+
+
+def window(source: str | ChunkedText, offset: int) -> tuple[str, str]:
+    """Prefix and suffix around the cursor, bounded: a huge document is completed from the text near it
+    (from a document's ChunkedText, that text is all this reads).
+
+    The prefix window starts at a line break on a fixed grid of the document, so its start
+    (and the prompt's, and the KV cache built on it) does not move while the user types.
+    """
+    start = 0
+    if offset > PREFIX_WINDOW:
+        grid = (offset - PREFIX_WINDOW) // 4096 * 4096 + 4096
+        newline = source.find("\n", grid, offset)
+        start = newline + 1 if newline >= 0 else offset - PREFIX_WINDOW
+    return source[start:offset], source[offset : offset + SUFFIX_WINDOW]
+
+
+def workspace_for(roots: list[str], path: str) -> str:
+    """The innermost workspace folder holding the path ("" for none)."""
+    matches = [root for root in roots if path.startswith(root.rstrip("/") + "/")]
+    return max(matches, key=len) if matches else ""
+
+
+def open_document(server, uri: str):
+    """The open document of the URI (as the client spelt it, or unquoted), or None."""
+    documents = server.workspace.text_documents
+    return documents.get(uri) or documents.get(unquote(uri))
+
+
+def build_request(server, uri: str, position: types.Position, invoked: bool) -> CompletionRequest | None:
+    document = open_document(server, uri)
+    if document is None:
+        log.info("no completion: %s is not open", uri)
+        return None
+    text = text_of(document)
+    if "\0" in text[:BINARY_SNIFF]:
+        return None
+    encoding = server.server_capabilities.position_encoding or types.PositionEncodingKind.Utf16
+    offset = text.cursor_offset(position, encoding)
+    path = uri_path(uri)
+    language = syntax.detect_language(document.language_id, uri)
+    workspace = workspace_for(server.workspace_roots, path)
+    prefix, suffix = window(text, offset)
+    request = CompletionRequest(uri, language, workspace, prefix, suffix, invoked,
+                                path=str(Path(path).relative_to(workspace)) if workspace else Path(path).name)
+    request.context = snippets(server, uri, language)
+    if getattr(server.host, "remote", False):  # the engine gets other files as chunks (input_extra, <|file_sep|>)
+        request.chunks = chunks(server, uri, language)
+    if server.indexing.indexer is not None:
+        from specdec.repository.build import document_key
+
+        request.document = document_key(path)
+    return request
+
+
+def others(server, uri: str, language: str):
+    """(uri, document) of the other open files of the language, among the 8 opened last."""
+    for other_uri, doc in list(server.workspace.text_documents.items())[-8:]:
+        if other_uri != uri and syntax.detect_language(doc.language_id, other_uri) == language:
+            yield other_uri, doc
+
+
+def chunks(server, uri: str, language: str) -> list[dict]:
+    """Heads of other open files of the language, as {filename, text}: a remote engine's repository context."""
+    if not server.settings.snippets_from_open_files:
+        return []
+    budget = server.settings.max_snippet_tokens * 3
+    out = [{"filename": Path(uri_path(other)).name, "text": text_of(doc)[:budget]}
+           for other, doc in others(server, uri, language)]
+    return out[-2:]
+
+
+def snippets(server, uri: str, language: str) -> str:
+    """Heads of other open files of the same language, in the family's repo-level format."""
+    completer = server.host.completer
+    if not (server.settings.snippets_from_open_files and completer and completer.template.file_header):
+        return ""
+    budget = server.settings.max_snippet_tokens * 3
+    parts = []
+    for other, doc in others(server, uri, language):
+        parts.append(completer.template.file_header.format(path=Path(uri_path(other)).name) + text_of(doc)[:budget]
+                     + "\n")
+        if len(parts) == 2:
+            break
+    return "".join(parts)

@@ -1,0 +1,124 @@
+"""The server's host: where its completions are computed, chosen by the `engine` setting (`new_host`).
+
+`ModelHost` is the in-process backend (specdec/backends/local.py: the models and their single worker) as the server
+runs it: adapters from the registry per workspace, the settings' errors, and the syntax rules (lsp_server/syntax.py)
+that stop and trim whatever the backend returns. `RemoteHost` (lsp_server/remote_host.py) is the same face for a
+remote engine. The scheduler (service.py) and the handlers see only that face.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from lsprotocol import types
+
+from lsp_server import syntax
+from lsp_server.settings import Settings, SettingsError
+from specdec import backends
+from specdec.backends.local import LocalBackend
+from specdec.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from lsp_server.service import CompletionRequest
+
+log = logging.getLogger("specdec.server")
+
+
+def new_host(engine: str, show: Callable[[types.MessageType, str], None]):
+    """ModelHost for the local engine, RemoteHost for llama-server, vllm or sglang (lsp_server/remote_host.py).
+    show(kind, message): how its warnings and the engine's health reach the editor."""
+    if engine == "local":
+        host = ModelHost()
+    else:
+        from lsp_server.remote_host import RemoteHost
+
+        host = RemoteHost(engine)  # one message per outage and one when it ends (remote/health.py)
+        host.on_status = lambda state, message: show(
+            types.MessageType.Info if state == "ok" else types.MessageType.Warning, message)
+    host.on_warning = lambda message: show(types.MessageType.Warning, message)  # once per adapter
+    return host
+
+
+class ModelHost(LocalBackend):
+    """The in-process backend as the server runs it: adapters from the registry per workspace, the server's
+    settings errors, and the syntax rules around each generation."""
+
+    def __init__(self):
+        super().__init__()
+        self._warned: set[str] = set()  # broken registry entries already said (_warn_once)
+        self._warned_lock = threading.Lock()
+        self.trace_probabilities = False  # record p and q in the pass traces: set once a client asks for traces
+        self._adapter_lookup: dict[str, tuple[float, object]] = {}  # workspace -> (registry mtime, meta)
+
+    def _published(self) -> None:
+        self._adapter_lookup = {}
+
+    def reconfigure(self, settings: Settings) -> Callable[[], None] | None:
+        """LocalBackend.reconfigure; SettingsError when the loaded models cannot serve these settings."""
+        try:
+            return super().reconfigure(settings)
+        except SpecdecError as exc:
+            raise SettingsError(f"{exc} (with the loaded models)") from None
+
+    def adapter_for(self, workspace: str):
+        """The newest registered adapter of the workspace's repository made for this draft, or None."""
+        if self.switchable is None or not workspace:
+            return None
+        from specdec_adapters.registry import Registry, repo_identity
+
+        try:
+            registry = Registry()
+            stamp = registry.root.stat().st_mtime_ns + sum(p.stat().st_mtime_ns for p in registry.root.iterdir())
+            cached = self._adapter_lookup.get(workspace)
+            if cached and cached[0] == stamp:
+                meta = cached[1]
+                return None if meta is not None and (meta.name, self.draft_hash) in self.broken_adapters else meta
+            meta = registry.latest(repo_identity(Path(workspace))[0])
+            problems = registry.problems
+        except (SpecdecError, OSError, ValueError) as exc:  # an unreadable registry: the base draft, said once
+            meta, stamp = None, None
+            problems = [f"the adapter registry is unreadable ({str(exc).splitlines()[0] if str(exc) else exc!r})"]
+        for problem in problems:  # a broken entry is skipped: the repository's other versions, else the base draft
+            self._warn_once(problem, f"{problem}; skipped: completions use the repository's other adapter "
+                                     f"versions, or the base draft")
+        if meta is not None and meta.base_draft_hash != self.draft_hash:
+            log.warning("adapter %s was made for another base draft; not using it", meta.name)
+            meta = None
+        if stamp is not None:
+            self._adapter_lookup[workspace] = (stamp, meta)
+        return None if meta is not None and (meta.name, self.draft_hash) in self.broken_adapters else meta
+
+    def _warn_once(self, key: str, message: str) -> None:
+        """Log and show a broken adapter's message the first time only (adapter_for runs for every request,
+        on the event loop and on the worker)."""
+        with self._warned_lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        self.adapter_error = key
+        log.warning("%s", message)
+        self.on_warning(message)
+
+    def adapter_file(self, meta):
+        from specdec_adapters.registry import Registry
+
+        return Registry().path(meta)
+
+    def generate(self, request: CompletionRequest, ctx: syntax.CursorContext, settings: Settings, cancel):
+        """Worker thread: one completion, stopped and trimmed by the syntax rules. Returns (text, CompletionResult)."""
+        if not settings.multiline:
+            ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
+        asked = replace(backend_request(request, settings), trace=self.trace_probabilities)
+        result = self.complete(asked, syntax.stop_predicate(ctx), cancel)
+        return syntax.finalize(ctx, result.text, result.stop_reason), result
+
+
+def backend_request(request: CompletionRequest, settings: Settings) -> backends.CompletionRequest:
+    """An editor's request under the server's settings, as a backend takes it."""
+    return backends.CompletionRequest(request.prefix, request.suffix, request.path, request.context, request.language,
+                                      request.workspace, request.document, settings.max_new_tokens,
+                                      settings.temperature, 0, settings.top_p, None, settings.max_draft)
