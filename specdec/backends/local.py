@@ -31,7 +31,7 @@ class LoadSpec:
     draft_quant: str = "int8"
     target_quant: str = "auto"
     int4_kernel: str = "auto"
-    forward: str = "auto"  # the target's forward: auto | native | transformers (models.loading.load_pair)
+    forward: str = "auto"  # the forward: auto | native | transformers (the draft takes it where it can: load_pair)
     device: str | None = None
     adapter: str | None = None  # a LoRA adapter folded into the draft for good
     switchable_adapters: bool = False  # per-request adapters (the server's `adapters`): the draft stays unfolded
@@ -91,16 +91,21 @@ def build(spec: LoadSpec, repo_index=None, report: Report = lambda message, perc
         report(message, converted[0])
 
     with conversion_progress(converting):
-        pair = load_pair(spec.target, spec.draft if needs_draft else None, spec.dtype,
-                         "none" if adapters else spec.draft_quant, device=spec.device, adapter=spec.adapter,
-                         target_quant=spec.target_quant, int4_kernel=spec.int4_kernel, forward=spec.forward)
+        pair = load_pair(spec.target, spec.draft if needs_draft else None, spec.dtype, spec.draft_quant,
+                         device=spec.device, adapter=spec.adapter, target_quant=spec.target_quant,
+                         int4_kernel=spec.int4_kernel, forward=spec.forward, switchable=adapters)
     report("building session", 90)
     draft_model = pair.draft.model if pair.draft else None
     switchable, draft_hash = None, ""
     if adapters and pair.draft is not None:
-        from specdec.models.lora import SwitchableDraft
+        if callable(getattr(pair.draft.model, "new_cached_lm", None)):  # the native draft: adapters beside its codes
+            from specdec.native.lora import NativeAdapters
 
-        switchable = SwitchableDraft(pair.draft.model, spec.draft_quant)
+            switchable = NativeAdapters(pair.draft.model)
+        else:
+            from specdec.models.lora import SwitchableDraft
+
+            switchable = SwitchableDraft(pair.draft.model, spec.draft_quant)
         draft_model, draft_hash = switchable.model, pair.draft.weight_hash
     tokenizer = pair.target.tokenizer
     markers = fim.markers(tokenizer, fim.detect(tokenizer, spec.fim_family))

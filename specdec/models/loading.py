@@ -28,15 +28,35 @@ class LoadedModel:
 
     @property
     def weight_hash(self) -> str:
-        """A cheap identity of the weights: hash of the safetensors (or the GGUF a native model reads) names,
-        sizes and first megabyte."""
+        """A cheap identity of the weights: hash of the files' names, sizes and first megabyte. A model made from a
+        GGUF is its GGUF (the file a native model reads, the one a bf16 conversion names), so an adapter trained
+        over the conversion (fine-tuning runs transformers) is found for the same draft on the native forward."""
         digest = hashlib.sha256()
-        for f in [self.path] if self.path.is_file() else sorted(self.path.glob("*.safetensors")):
+        source = self.path if self.path.is_file() else _gguf_source(self.path)
+        for f in [source] if source is not None else sorted(self.path.glob("*.safetensors")):
             digest.update(f.name.encode())
             digest.update(str(f.stat().st_size).encode())
             with open(f, "rb") as fh:
                 digest.update(fh.read(1 << 20))
         return digest.hexdigest()[:16]
+
+
+def _gguf_source(directory: Path) -> Path | None:
+    """The GGUF a bf16 conversion was made from, if it is still there: its provenance file names it (a catalog
+    model's conversions of older releases by file name only: the catalog's GGUF)."""
+    import json
+
+    from specdec.models.catalog import KNOWN_MODELS
+    from specdec.models.store import PROVENANCE, catalog_gguf
+
+    try:
+        provenance = json.loads((directory / PROVENANCE).read_text())
+        source = Path(provenance["gguf"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not source.is_absolute() and provenance.get("model_id") in KNOWN_MODELS:
+        source = catalog_gguf(provenance["model_id"])
+    return source if source.is_absolute() and source.is_file() else None
 
 
 def load(spec: str, dtype: str = "auto", device: str | None = None) -> LoadedModel:
@@ -92,11 +112,12 @@ class ModelPair:
 
 def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", draft_quant: str = "int8",
               device: str | None = None, adapter: str | None = None, target_quant: str = "none",
-              int4_kernel: str = "auto", forward: str = "auto") -> ModelPair:
+              int4_kernel: str = "auto", forward: str = "auto", switchable: bool = False) -> ModelPair:
     """Target as asked (quantized per target_quant, one of TARGET_QUANT; int4 layers on int4_kernel, one of
     INT4_KERNELS; on the forward `forward` picks, one of FORWARDS: specdec.native.loading.choose); draft checked
-    against the target's tokenizer, its adapter applied, then quantized. The pair's target_quant is the mode
-    applied (auto resolved; a native target serves the GGUF's codes: int4)."""
+    against the target's tokenizer, its adapter applied, then quantized, on the same forward where it can
+    (load_draft). The pair's target_quant is the mode applied (auto resolved; a native target serves the GGUF's
+    codes: int4). switchable: the draft will take per-request adapters (load_draft)."""
     from specdec.native.loading import choose, load_native
 
     gguf = choose(forward, target_spec, torch_device(device), target_quant)
@@ -108,16 +129,33 @@ def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", dra
         target_quant = quantize_target(target, target_quant, dtype, int4_kernel)
     if not draft_spec:
         return ModelPair(target, None, target_quant)
-    return ModelPair(target, load_draft(draft_spec, target, dtype, draft_quant, device, adapter), target_quant)
+    draft = load_draft(draft_spec, target, dtype, draft_quant, device, adapter, forward, switchable)
+    return ModelPair(target, draft, target_quant)
 
 
 def load_draft(draft_spec: str, target: LoadedModel, dtype: str = "auto", draft_quant: str = "int8",
-               device: str | None = None, adapter: str | None = None) -> LoadedModel:
-    """The draft as the engine runs it beside `target`: checked against its tokenizer, the adapter folded in,
-    then quantized (a benchmark loads several of these beside one target)."""
-    draft = load(draft_spec, "fp32" if draft_quant in KEPT_FP32 else dtype, device)
+               device: str | None = None, adapter: str | None = None, forward: str = "auto",
+               switchable: bool = False) -> LoadedModel:
+    """The draft as the engine runs it beside `target`, checked against its tokenizer. On the native forward
+    (specdec.native.loading.choose_draft: a Qwen2 GGUF, draft_quant int8) its GGUF's codes as they are, an adapter
+    beside them (specdec.native.lora); on transformers the adapter folded in, then quantized (a benchmark loads
+    several of these beside one target). switchable: per-request adapters will be switched on it
+    (specdec.backends.local.build), so a transformers draft is left unquantized for SwitchableDraft to wrap."""
+    from specdec.native.loading import choose_draft, load_native
+
+    gguf = choose_draft(forward, draft_spec, torch_device(device), draft_quant)
+    if gguf is not None:
+        model, tokenizer = load_native(draft_spec, gguf)
+        check_same_tokenizer(target.tokenizer, tokenizer, target.spec, draft_spec)
+        if adapter:
+            from specdec.native.lora import NativeAdapters
+
+            NativeAdapters(model).activate(Path(adapter).name or "adapter", Path(adapter))
+        return LoadedModel(spec=draft_spec, path=gguf, model=model, tokenizer=tokenizer)
+    quant = "none" if switchable else draft_quant
+    draft = load(draft_spec, "fp32" if quant in KEPT_FP32 else dtype, device)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.spec, draft_spec)
     if adapter:
         draft.model = apply_adapter(draft.model, adapter)
-    draft.model = quantize_draft(draft.model, draft_quant)
+    draft.model = quantize_draft(draft.model, quant)
     return draft

@@ -1,6 +1,8 @@
-"""`python -m specdec.native.bench [--forward native|transformers] [--context 512]`: the target's plain decode step
-at a given context, and the process's RSS, on one forward. Run once per forward (separate processes, so each RSS
-is its own); the numbers go to docs/, not into tests."""
+"""`python -m specdec.native.bench [--forward native|transformers] [--context 512] [--draft SPEC]`: the target's
+plain decode step at a given context, and the process's RSS, on one forward; with --draft the pair as the engine
+loads it (the draft on the same forward where it can), the draft's step beside the target's and the RSS of the
+process holding both. Run once per forward (separate processes, so each RSS is its own); the numbers go to
+docs/, not into tests."""
 
 from __future__ import annotations
 
@@ -17,6 +19,22 @@ def rss_mb() -> tuple[float, float]:
     return current, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def step_times(lm, ids: list[int], steps: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of `steps` plain decode steps after the context `ids` (sorted wall times)."""
+    import torch
+
+    lm.sync(ids)
+    token = int(torch.argmax(lm.extend([ids[-1]])[-1]))  # warm-up step
+    times, cpu = [], []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        token = int(torch.argmax(lm.extend([token])[-1]))
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    times.sort()
+    return times, cpu
+
+
 def main(argv: list[str] | None = None) -> int:
     from specdec.models.catalog import DEFAULT_TARGET
 
@@ -26,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=512, help="tokens in the cache before the timed steps")
     p.add_argument("--steps", type=int, default=32, help="timed decode steps (the median is reported)")
     p.add_argument("--verify", type=int, default=0, help="also time a verify pass of this many rows (0: none)")
+    p.add_argument("--draft", default="", help="also load this draft (the default pair: Qwen/Qwen2.5-Coder-0.5B) "
+                   "and time its plain step at the same context")
+    p.add_argument("--adapter", default="", help="a LoRA adapter folder for the draft (the side matmuls' cost)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); 1 keeps a shared "
                    "machine's scheduling out of the figure")
     args = p.parse_args(argv)
@@ -39,34 +60,35 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.models.loading import load_pair
 
     started = time.perf_counter()
-    pair = load_pair(args.target, None, target_quant="auto", forward=args.forward)  # the default configuration
+    pair = load_pair(args.target, args.draft or None, target_quant="auto", forward=args.forward,  # the default
+                     adapter=args.adapter or None)  # configuration
     load_s = time.perf_counter() - started
-    lm = as_cached_lm(pair.target.model)
     ids = pair.target.tokenizer.encode("def fibonacci(n):\n    " * 200)[: args.context]
-    lm.sync(ids)
-    token = int(torch.argmax(lm.extend([ids[-1]])[-1]))  # warm-up step
-    times, cpu = [], []
-    for _ in range(args.steps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        token = int(torch.argmax(lm.extend([token])[-1]))
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-        if len(lm.tokens) >= args.context + args.steps:
-            break
-    times.sort()
-    line = (f"{args.forward}: {args.target} quant {pair.target_quant}, threads {torch.get_num_threads()}, "
-            f"load {load_s:.1f} s; plain step at {args.context} context: median {1000 * times[len(times) // 2]:.1f} ms, "
-            f"best {1000 * times[0]:.1f} ms, CPU time median {1000 * sorted(cpu)[len(cpu) // 2]:.1f} ms "
-            f"({len(times)} steps)")
-    if args.verify:
-        lm.truncate(args.context)
-        passes = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            lm.extend([token] * args.verify)
-            passes.append(time.perf_counter() - t0)
+    line = f"{args.forward}: load {load_s:.1f} s, threads {torch.get_num_threads()}"
+    steps = {}
+    for role, loaded in (("target", pair.target), ("draft", pair.draft)):
+        if loaded is None:
+            continue
+        lm = as_cached_lm(loaded.model)
+        times, cpu = step_times(lm, ids, args.steps)
+        steps[role] = times[len(times) // 2]
+        kind = "native" if callable(getattr(loaded.model, "new_cached_lm", None)) else "transformers"
+        quant = pair.target_quant if role == "target" else ("int4+int8" if kind == "native" else "int8")
+        line += (f"; {role} {loaded.spec} ({kind}, {quant}) plain step at {args.context} context: median "
+                 f"{1000 * steps[role]:.1f} ms, best {1000 * times[0]:.1f} ms, CPU time median "
+                 f"{1000 * sorted(cpu)[len(cpu) // 2]:.1f} ms ({len(times)} steps)")
+        if role == "target" and args.verify:
             lm.truncate(args.context)
-        line += f"; verify pass of {args.verify} rows: best {1000 * min(passes):.1f} ms"
+            token = ids[-1]
+            passes = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                lm.extend([token] * args.verify)
+                passes.append(time.perf_counter() - t0)
+                lm.truncate(args.context)
+            line += f"; verify pass of {args.verify} rows: best {1000 * min(passes):.1f} ms"
+    if len(steps) == 2:
+        line += f"; draft/target step {steps['draft'] / steps['target']:.2f}"
     current, peak = rss_mb()
     print(f"{line}; RSS {current:.0f} MiB (peak {peak:.0f} MiB)", flush=True)
     return 0

@@ -155,7 +155,9 @@ class Linear:
     """y = x @ W.T (+ bias): x f32[n, in] -> f32[n, out], W held as its kernel reads it.
 
     w4a8: `packed` = w4a8.pack of Q4_K codes; w8a8: `packed` = w4a8.pack8 of int8 codes, `scale` fp32[out];
-    dense: `weight` fp32[out, in] (the reference; torch's matmul is not row-independent)."""
+    dense: `weight` fp32[out, in] (the reference; torch's matmul is not row-independent).
+    `lora`, when set (a draft's adapter, specdec.native.lora): (A f32[in, r], B f32[r, out]) with the scaling in B,
+    a side matmul y += (x A) B beside the packed base, switched by setting another pair or None."""
 
     def __init__(self, kernel: str, out_features: int, in_features: int, *, packed: torch.Tensor | None = None,
                  scale: torch.Tensor | None = None, weight: torch.Tensor | None = None,
@@ -165,6 +167,7 @@ class Linear:
         self.kernel, self.out_features, self.in_features = kernel, out_features, in_features
         self.packed, self.scale, self.weight = packed, scale, weight
         self.bias = None if bias is None else bias.float().contiguous()
+        self.lora: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "w4a8":
@@ -173,7 +176,11 @@ class Linear:
             out = w4a8.matmul8(x, self.packed, self.scale)
         else:
             out = x @ self.weight.T
-        return out if self.bias is None else out + self.bias
+        out = out if self.bias is None else out + self.bias
+        if self.lora is not None:
+            a, b = self.lora
+            out = torch.addmm(out, x @ a, b)
+        return out
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale, self.weight, self.bias)

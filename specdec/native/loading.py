@@ -69,6 +69,26 @@ def choose(forward: str, spec: str, device: str = "cpu", target_quant: str = "au
     return gguf
 
 
+NATIVE_DRAFT_QUANT = "int8"  # the draft quantization the native draft stands for: the GGUF's codes, int8 elsewhere
+
+
+def choose_draft(forward: str, spec: str, device: str = "cpu", draft_quant: str = NATIVE_DRAFT_QUANT) -> Path | None:
+    """The draft's GGUF to load natively, or None for transformers: the draft runs on the target's forward
+    (`forward`, one of FORWARDS) where it can; the other draft quantizations (a float down_proj, a float draft) are
+    transformers'. native where it cannot run is an error naming why."""
+    if forward not in FORWARDS:
+        raise SpecdecError(f"unknown forward {forward!r}; use one of {', '.join(FORWARDS)}")
+    if forward == "transformers":
+        return None
+    if draft_quant != NATIVE_DRAFT_QUANT:
+        reason, gguf = f"it serves the GGUF's own codes (draftQuant {NATIVE_DRAFT_QUANT}), not {draft_quant}", None
+    else:
+        reason, gguf = why_not_native(spec, device)
+    if reason and forward == "native":
+        raise SpecdecError(f"--forward native cannot run the draft {spec}: {reason}")
+    return gguf
+
+
 def tokenizer_for(spec: str, gguf: Path):
     """The cached model directory's tokenizer where one exists (a pulled catalog model), else the GGUF's
     (gguf_tokenizer: its special tokens as the model has them)."""
