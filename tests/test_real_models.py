@@ -68,7 +68,7 @@ NATIVE_HOLES = [(HOLE_PREFIX, HOLE_SUFFIX),
 
 @pytest.mark.slow
 def test_default_pair_on_the_native_forward_gives_plain_output_for_every_strategy(real_cache):
-    """The default configuration (int4 target on the native forward, int8 draft on transformers): every strategy's
+    """The default configuration (int4 target and int8 draft on the native forward): every strategy's
     greedy output equals plain greedy's, bit for bit, on a few holes."""
     from specdec.engine.drafters.repo_index import RepoIndex
     from specdec.engine.strategies import STRATEGIES

@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify", type=int, default=0, help="also time a verify pass of this many rows (0: none)")
     p.add_argument("--draft", default="", help="also load this draft (the default pair: Qwen/Qwen2.5-Coder-0.5B) "
                    "and time its plain step at the same context")
+    p.add_argument("--draft-forward", choices=("native", "transformers"), default=None,
+                   help="the draft's forward when it differs from --forward (transformers: today's int8 draft beside "
+                        "a native target)")
     p.add_argument("--adapter", default="", help="a LoRA adapter folder for the draft (the side matmuls' cost)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); 1 keeps a shared "
                    "machine's scheduling out of the figure")
@@ -57,11 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     from specdec.engine.cached_lm import as_cached_lm
-    from specdec.models.loading import load_pair
+    from specdec.models.loading import load_draft, load_pair
 
     started = time.perf_counter()
-    pair = load_pair(args.target, args.draft or None, target_quant="auto", forward=args.forward,  # the default
-                     adapter=args.adapter or None)  # configuration
+    pair = load_pair(args.target, None, target_quant="auto", forward=args.forward)  # the default configuration
+    if args.draft:
+        pair.draft = load_draft(args.draft, pair.target, adapter=args.adapter or None,
+                                forward=args.draft_forward or args.forward)
     load_s = time.perf_counter() - started
     ids = pair.target.tokenizer.encode("def fibonacci(n):\n    " * 200)[: args.context]
     line = f"{args.forward}: load {load_s:.1f} s, threads {torch.get_num_threads()}"
