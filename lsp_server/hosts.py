@@ -32,7 +32,7 @@ def new_host(engine: str, show: Callable[[types.MessageType, str], None]):
     """ModelHost for the local engine, RemoteHost for llama-server, vllm or sglang (lsp_server/remote_host.py).
     show(kind, message): how its warnings and the engine's health reach the editor."""
     if engine == "local":
-        host = ModelHost()
+        host = backends.make_backend("local", cls=ModelHost)  # the one builder of backends (specdec.backends)
     else:
         from lsp_server.remote_host import RemoteHost
 
