@@ -77,11 +77,11 @@ class Settings:
                                 "channel), int8 every linear per channel, none the dequantized floats; auto is int4 "
                                 "where the target was made from a GGUF and runs on CPU, else none. Speculation stays "
                                 "exact against whichever target runs.", choices=TARGET_QUANT, reload=True)
-    int4_kernel: str = setting("auto", "The int4 target's matmul kernel: w4a8 is specdec's AVX512-VNNI kernel "
+    int4_kernel: str = setting("auto", "The int4 target's matmul kernel: w4a8 is specdec's AVX512-VNNI/AVX2 kernel "
                                "(int8 activations, cheaper verify passes; compiled once per machine), aten PyTorch's "
                                "int4 kernel. Speculation stays exact with either.", choices=INT4_KERNELS,
                                choice_docs={"auto": "w4a8 where the CPU and compiler allow it, else aten.",
-                                            "w4a8": "specdec's AVX512-VNNI kernel; an error where it cannot run.",
+                                            "w4a8": "specdec's AVX512-VNNI/AVX2 kernel; an error where it cannot run.",
                                             "aten": "PyTorch's int4 CPU kernel, bf16 activations."},
                                reload=True)
     forward: str = setting("auto", "The target's forward: native is specdec's own (a Qwen2 or Llama GGUF — "

@@ -10,7 +10,7 @@ from specdec.hardware import DTYPES  # noqa: F401 (one of the choices; hardware 
 TARGET_MODES = ("none", "int4", "int8")
 TARGET_QUANT = ("auto", *TARGET_MODES)
 # The int4 target's matmul kernel: aten = PyTorch's int4 CPU kernel (bf16 activations); w4a8 = specdec's
-# AVX512-VNNI kernel (int8 activations; a verify pass's rows cost far less each), compiled once per
+# AVX512-VNNI/AVX2 kernel (int8 activations; a verify pass's rows cost far less each), compiled once per
 # machine; auto = w4a8 where it builds and runs, else aten (specdec.models.int4, specdec.models.w4a8).
 INT4_KERNELS = ("auto", "w4a8", "aten")
 # Linear layers each int8 mode leaves in fp32. Qwen2's MLP output projection sees activation

@@ -35,7 +35,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "channel), int8 = every Linear int8 per channel, none = dequantized floats, auto = int4 "
                         "where the target was made from a GGUF and runs on CPU, else none (default)")
     p.add_argument("--int4-kernel", choices=INT4_KERNELS, default="auto",
-                   help="--target-quant int4's matmul: w4a8 = specdec's AVX512-VNNI kernel (int8 activations; "
+                   help="--target-quant int4's matmul: w4a8 = specdec's AVX512-VNNI/AVX2 kernel (int8 activations; "
                         "compiled once per machine), aten = PyTorch's int4 kernel (bf16 activations), auto = w4a8 "
                         "where it builds and runs, else aten (default)")
     p.add_argument("--forward", choices=FORWARDS, default="auto",

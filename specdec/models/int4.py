@@ -4,7 +4,7 @@ int8 layers run PyTorch's own CPU kernel (`_weight_int8pack_mm`) on bf16 activat
 (specdec.models.w4a8.matmul8) beside W4A8 int4 layers (int8_kernel_for). int4 runs one
 of two kernels, chosen once per model (TargetQuantConfig.kernel): ATen's
 (`_weight_int4pack_mm_for_cpu`, bf16 activations, exact int4 weights) or W4A8
-(specdec.models.w4a8: int8 activations and VNNI dot products, where the CPU has AVX512-VNNI),
+(specdec.models.w4a8: int8 activations and int8 dot products, on AVX512-VNNI or AVX2),
 whose cost grows far more slowly with the rows of a verify pass. "auto" takes W4A8 where it
 loads. A decode step or a verify pass streams every weight once per call, so fewer weight
 bytes make it faster; a long prefill is compute-bound, where these kernels lose to a plain

@@ -13,7 +13,7 @@ from specdec.models import w4a8
 
 def _w8a8_weight(inner) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
     """fbgemm's int8 codes and per-channel scales packed for specdec's W8A8 kernel (w4a8.matmul8), where
-    it runs here (AVX512-VNNI, SPECDEC_W8A8 not 0) and tiles the layer. The same weights, read by int8
+    it runs here (AVX512-VNNI or AVX2, SPECDEC_W8A8 not 0) and tiles the layer. The same weights, read by int8
     dot products without fbgemm's per-call activation pass and row grouping: a cheaper draft step,
     most of all for the two-token sync that starts most drafts (docs/benchmarks.md, *W8A8*).
     None: fbgemm serves the layer."""

@@ -1,4 +1,4 @@
-"""W4A8: the int4 target's matmul on x86 CPUs with AVX512-VNNI, y = x @ W.T, W in asymmetric int4 groups of 32.
+"""W4A8: the int4 target's matmul on x86 CPUs (AVX512-VNNI, else AVX2), y = x @ W.T, W in asymmetric int4 groups of 32.
 
 Why: ATen's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`) dequantizes the weights again for every
 block of 4 rows with fp32 FMAs, so a verify pass of k + 1 rows costs nearly k + 1 decode steps. This
@@ -19,15 +19,23 @@ weight to float for one row at a time, several times slower than reading it; her
 codes meet the int8 weights in `vpdpbusd` (weights offset by 128 to unsigned, the offset taken out
 exactly with the integer sum of each group's codes), with the same row independence.
 
-The C++ source (specdec/native/csrc/w4a8.cpp) is compiled once per machine by specdec.native.build into `build_dir()` (under
-torch's extension cache, keyed by a hash of the source, flags, torch and Python), with
-per-function target attributes, so it also builds on a CPU that cannot run it. `load()` answers
-None where it cannot run (not x86-64, no AVX512-VNNI, no compiler or ninja, a failed build or one
-past the build's time bound, SPECDEC_W4A8=0): the caller keeps ATen's kernel.
+Every CPU: the kernels above are AVX512-VNNI's; csrc/w4a8_avx2.cpp holds the same two on AVX2 + FMA (vpmaddubsw
+and vpmaddwd instead of vpdpbusd, two 8-lane halves per 16-column tile), reading the same packed weights and
+giving the same bits for every output: the integer dots are exact on both, and the activations' rounding and
+the fp32 epilogue are the same operations in the same order. The C++ picks AVX512-VNNI where the CPU has it,
+else AVX2 (`isa()`); SPECDEC_NATIVE_ISA=avx2 or `use_isa("avx2")` forces AVX2 (tests compare the two paths here).
+
+The C++ sources (specdec/native/csrc/w4a8_avx2.cpp, then w4a8.cpp, one translation unit) are compiled once per
+machine by specdec.native.build into `build_dir()` (under torch's extension cache, keyed by a hash of the
+sources, flags, torch and Python), with per-function target attributes, so they also build on a CPU that
+cannot run them. `load()` answers None where they cannot run (not x86-64, neither AVX512-VNNI nor AVX2 + FMA,
+no compiler or ninja, a failed build or one past the build's time bound, SPECDEC_W4A8=0): the caller keeps
+ATen's kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import threading
@@ -41,9 +49,12 @@ BLOCK_BYTES = 320  # one (tile, group) block: 256 bytes of codes, 16 bf16 scales
 # pack()'s output format, named in specdec.models.int4_cache's key: change it whenever pack() changes
 PACK_LAYOUT = "v1: [N/16 tiles][K/32 groups] blocks of 4x64 nibble-pair code bytes, 16 bf16 scales, 16 bf16 zeros"
 PACK8_LAYOUT = "v1: [N/16 tiles][K/32 groups] blocks of 8x64 bytes code+128; fp32 scale [N] apart"
-CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})  # as /proc/cpuinfo names them
+# as /proc/cpuinfo names them: what the kernels need at least (the AVX2 path), and what the AVX512 path needs
+CPU_FLAGS = frozenset({"avx2", "fma"})
+VNNI_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma"})
 
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "csrc" / "w4a8.cpp"  # shipped as package data
+AVX2_SOURCE = SOURCE.with_name("w4a8_avx2.cpp")  # before SOURCE in the one translation unit
 
 # -ffp-contract=off: no fused multiply-adds the source did not write, so every row's arithmetic is the one above
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
@@ -52,13 +63,13 @@ LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()
 _state: dict = {}
 NAME = "specdec_w4a8"
-FUNCTIONS = ("w4a8_mm", "w8a8_mm", "cpu_supported")
+FUNCTIONS = ("w4a8_mm", "w8a8_mm", "cpu_supported", "cpu_isa", "isa", "set_isa")
 
 
 def _extension() -> dict:
     """What specdec.native.build compiles: the source's text (load_inline binds `functions` to Python by name),
     the flags."""
-    return {"sources": [SOURCE.read_text()], "functions": list(FUNCTIONS), "extra_cflags": list(CFLAGS),
+    return {"sources": [AVX2_SOURCE.read_text(), SOURCE.read_text()], "functions": list(FUNCTIONS), "extra_cflags": list(CFLAGS),
             "extra_ldflags": list(LDFLAGS)}
 
 
@@ -88,7 +99,7 @@ def _why_not() -> str:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
     if not CPU_FLAGS <= cpu_flags():
-        return "the CPU lacks AVX512-VNNI"
+        return "the CPU lacks AVX2 + FMA (and AVX512-VNNI)"
     return ""
 
 
@@ -113,7 +124,7 @@ def load():
             try:
                 module, reason = _build()
                 if module is not None and not module.cpu_supported():
-                    module, reason = None, "the CPU lacks AVX512-VNNI"
+                    module, reason = None, "the CPU lacks AVX2 + FMA (and AVX512-VNNI)"
             except Exception as exc:  # noqa: BLE001 - a failed build leaves ATen's kernel working
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 module, reason = None, f"its build failed ({first})"
@@ -125,6 +136,36 @@ def unavailable_reason() -> str:
     """'' when load() found the kernel, else why not (calls load())."""
     load()
     return _state["reason"]
+
+
+def isa() -> str:
+    """The instruction set the matmuls run on now: 'avx512' (AVX512-VNNI) or 'avx2' (calls load())."""
+    return _module().isa()
+
+
+def cpu_isa() -> str:
+    """The best instruction set this CPU (and OS) runs the matmuls on: 'avx512' or 'avx2'."""
+    return _module().cpu_isa()
+
+
+@contextlib.contextmanager
+def use_isa(name: str):
+    """Run the matmuls on `name` ('avx2' or 'avx512') inside the block (process-wide; for tests and benchmarks).
+    A path this CPU lacks is a RuntimeError."""
+    module = _module()
+    before = module.isa()
+    module.set_isa(name)
+    try:
+        yield
+    finally:
+        module.set_isa(before)
+
+
+def _module():
+    module = load()
+    if module is None:
+        raise RuntimeError(f"the W4A8 kernel is unavailable: {_state['reason']}")
+    return module
 
 
 def packed_bytes(out_features: int, in_features: int) -> int:

@@ -2,22 +2,60 @@
 // why and how: one weight tile unpacked once for every row of a call, int8 dot products on activations
 // rounded per row and group of 32, each output accumulated in one fixed order so a row's bits do not
 // depend on the rows beside it). Built once per machine by specdec/native/build.py (load_inline: the
-// functions below are bound to Python by name, w4a8.FUNCTIONS).
+// functions below are bound to Python by name, w4a8.FUNCTIONS). The AVX2 path (w4a8_avx2.cpp, namespace
+// w4a8_avx2) comes before this text in the same translation unit and gives the same bits.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 #include <cstdint>
 #include <type_traits>
 
-bool cpu_supported() {
+// Which kernels run: the AVX512-VNNI ones below where the CPU (and the OS: __builtin_cpu_supports reads XCR0)
+// has them, else w4a8_avx2.cpp's (AVX2 + FMA), which give the same bits. SPECDEC_NATIVE_ISA=avx2 or set_isa
+// ("avx2") forces the AVX2 path (tests compare the two; benchmarks time it).
+enum MatmulIsa : int { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+static int cpu_best() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#else
-  return false;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma"))
+    return ISA_AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
 #endif
+  return ISA_NONE;
+}
+
+static const char* isa_name(int isa) { return isa == ISA_AVX512 ? "avx512" : isa == ISA_AVX2 ? "avx2" : "none"; }
+static std::atomic<int> g_isa{-1};
+
+static int current_isa() {
+  int isa = g_isa.load();
+  if (isa < 0) {
+    isa = cpu_best();
+    const char* env = std::getenv("SPECDEC_NATIVE_ISA");
+    if (env && std::string(env) == "avx2" && isa >= ISA_AVX2) isa = ISA_AVX2;
+    g_isa.store(isa);
+  }
+  return isa;
+}
+
+static bool avx2_path() { return current_isa() == ISA_AVX2; }
+
+bool cpu_supported() { return cpu_best() != ISA_NONE; }
+std::string cpu_isa() { return isa_name(cpu_best()); }  // the best this CPU runs: "avx512", "avx2" or "none"
+std::string isa() { return isa_name(current_isa()); }   // the one the matmuls run on now
+
+void set_isa(const std::string& name) {
+  const int want = name == "avx512" ? ISA_AVX512 : name == "avx2" ? ISA_AVX2 : ISA_NONE;
+  TORCH_CHECK(want != ISA_NONE, "w4a8.set_isa: expected 'avx2' or 'avx512', got '", name, "'");
+  TORCH_CHECK(want <= cpu_best(), "w4a8.set_isa: this CPU does not support ", name, " (best: ",
+              isa_name(cpu_best()), ")");
+  g_isa.store(want);
 }
 
 #pragma GCC push_options
@@ -135,16 +173,21 @@ static void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xs, a
   const int64_t M = x.size(0), K = x.size(1), G = K / 32;
   int8_t* q = xq.data_ptr<int8_t>();
   float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>();
+  const bool avx2 = avx2_path();
   for (int64_t m = 0; m < M; ++m) {
-    if (x.scalar_type() == at::kFloat)
+    if (x.scalar_type() == at::kFloat && avx2)
+      w4a8_avx2::quantize_row(x.data_ptr<float>() + m * K, K, q + m * K, s + m * G, sm + m * G);
+    else if (x.scalar_type() == at::kFloat)
       quantize_row(x.data_ptr<float>() + m * K, K, q + m * K, s + m * G, sm + m * G);
+    else if (avx2)
+      w4a8_avx2::quantize_row((const uint16_t*)x.data_ptr<at::BFloat16>() + m * K, K, q + m * K, s + m * G, sm + m * G);
     else
       quantize_row(x.data_ptr<at::BFloat16>() + m * K, K, q + m * K, s + m * G, sm + m * G);
   }
 }
 
 static void check_x(const at::Tensor& x, int64_t N, const char* name) {
-  TORCH_CHECK(cpu_supported(), name, " needs AVX512-VNNI");
+  TORCH_CHECK(cpu_supported(), name, " needs AVX512-VNNI or AVX2 + FMA");
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 32 == 0 && N % 16 == 0, name, ": bad shapes");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, name, ": fp32 or bf16 x");
 }
@@ -172,8 +215,12 @@ at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) 
   int8_t* q = xq.data_ptr<int8_t>();
   float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>(), *o = yf.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
+  const bool avx2 = avx2_path();
   over_tiles(NT, M, [&](int64_t t, int64_t m0, auto mb) {
-    tile_kernel<decltype(mb)::value>(w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
+    if (avx2)
+      w4a8_avx2::w4a8_tile(mb, w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
+    else
+      tile_kernel<decltype(mb)::value>(w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
   });
   return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
 }
@@ -200,9 +247,14 @@ at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::T
   const float *s = xs.data_ptr<float>(), *sc = scale.data_ptr<float>();
   float* o = yf.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
+  const bool avx2 = avx2_path();
   over_tiles(NT, M, [&](int64_t t, int64_t m0, auto mb) {
-    tile_kernel8<decltype(mb)::value>(w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
-                                      o + m0 * N + 16 * t, N);
+    if (avx2)
+      w4a8_avx2::w8a8_tile(mb, w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
+                           o + m0 * N + 16 * t, N);
+    else
+      tile_kernel8<decltype(mb)::value>(w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
+                                        o + m0 * N + 16 * t, N);
   });
   return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
 }
