@@ -91,9 +91,8 @@ def build(tokenizer, template: FimTemplate, prefix: str, suffix: str, path: str 
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False) if text else []
 
-    prefix_ids = _trim_prefix(tokenizer, prefix, max_prefix_tokens)
-    # char pre-cut keeps a 10 MB file from being tokenized whole; ~1 token per 2 chars is generous
-    suffix_ids = encode(suffix[: max_suffix_tokens * 8])[:max_suffix_tokens]
+    _, prefix_ids = _kept_prefix(tokenizer, prefix, max_prefix_tokens)
+    _, suffix_ids = _kept_suffix(tokenizer, suffix, max_suffix_tokens)
     header = encode(template.file_header.format(path=path)) if template.file_header and path else []
     head = encode(template.begin) + encode(context) + header
     if template.order == "spm":
@@ -107,18 +106,16 @@ def build(tokenizer, template: FimTemplate, prefix: str, suffix: str, path: str 
 def window(tokenizer, prefix: str, suffix: str, max_prefix_tokens: int = 1024,
            max_suffix_tokens: int = 256) -> tuple[str, str]:
     """The text before and after the cursor that `build` keeps under these budgets, for a client that must
-    send another server (llama.cpp's /infill) what our prompt holds: the same whole lines above the cursor,
-    and the suffix up to the same token. (A typed line too long for the budget alone is kept whole here.)"""
-    lines = prefix.split("\n")
-    kept_prefix = "\n".join(lines[_prefix_start(tokenizer, lines, max_prefix_tokens):])
-    ids = tokenizer.encode(suffix[: max_suffix_tokens * 8], add_special_tokens=False) if suffix else []
-    kept_suffix = tokenizer.decode(ids[:max_suffix_tokens]) if len(ids) > max_suffix_tokens else \
-        suffix[: max_suffix_tokens * 8]
-    return kept_prefix, kept_suffix
+    send another server (llama.cpp's /infill, a remote engine's raw prompt) what our prompt holds: the same
+    whole lines above the cursor, and the suffix up to the same token. Where a budget cuts inside the text
+    (a typed line longer than the prefix budget, the suffix's last token), the text is the kept ids decoded.
+    `tokenizer` needs only encode and decode (specdec.backends.remote.tokens.EstimatedTokenizer counts
+    characters where the target's tokenizer is not at hand)."""
+    return _kept_prefix(tokenizer, prefix, max_prefix_tokens)[0], _kept_suffix(tokenizer, suffix, max_suffix_tokens)[0]
 
 
 def _prefix_start(tokenizer, lines: list[str], budget: int, grid: int = 16) -> int:
-    """The first of the complete lines above the cursor line that the prefix keeps (see _trim_prefix)."""
+    """The first of the complete lines above the cursor line that the prefix keeps (see _kept_prefix)."""
     complete = lines[:-1]
     room = budget - min(budget // 2, 64)  # reserve for the line being typed
     counts: list[int] = []
@@ -136,8 +133,9 @@ def _prefix_start(tokenizer, lines: list[str], budget: int, grid: int = 16) -> i
     return start
 
 
-def _trim_prefix(tokenizer, prefix: str, budget: int, grid: int = 16) -> list[int]:
-    """The last whole lines that fit the budget, starting on a line number that is a multiple of `grid`.
+def _kept_prefix(tokenizer, prefix: str, budget: int, grid: int = 16) -> tuple[str, list[int]]:
+    """The last whole lines that fit the budget, starting on a line number that is a multiple of `grid`, as
+    (text, ids).
 
     Only the complete lines above the cursor decide where the cut falls (the line being
     typed gets a reserve), so the cut point, and with it every cached token of the prompt
@@ -148,4 +146,28 @@ def _trim_prefix(tokenizer, prefix: str, budget: int, grid: int = 16) -> list[in
     typed = lines[-1][-budget * 8 :]  # one enormous line (minified code) must not be tokenized whole
     text = "\n".join(lines[start:-1] + [typed])
     ids = tokenizer.encode(text, add_special_tokens=False) if text else []
-    return ids[-budget:] if len(ids) > budget else ids
+    if len(ids) > budget:
+        text, ids = _whole_characters(tokenizer, ids[-budget:], text, at_end=False)
+    return text, ids
+
+
+def _kept_suffix(tokenizer, suffix: str, budget: int) -> tuple[str, list[int]]:
+    """The suffix's first `budget` tokens, as (text, ids)."""
+    # char pre-cut keeps a 10 MB file from being tokenized whole; ~1 token per 2 chars is generous
+    text = suffix[: budget * 8]
+    ids = tokenizer.encode(text, add_special_tokens=False) if text else []
+    if len(ids) > budget:
+        text, ids = _whole_characters(tokenizer, ids[:budget], text, at_end=True)
+    return text, ids
+
+
+def _whole_characters(tokenizer, ids: list[int], source: str, at_end: bool) -> tuple[str, list[int]]:
+    """The text of ids a budget cut out of `source` at its end (at_end) or its start, without the tokens of a
+    character the cut split (byte-level BPE spells a character in several tokens; decoded alone, its bytes
+    are U+FFFD, text the document never held)."""
+    text = tokenizer.decode(ids)
+    while ids and "\ufffd" in (text[-1:] if at_end else text[:1]) and \
+            not (source.startswith(text) if at_end else source.endswith(text)):
+        ids = ids[:-1] if at_end else ids[1:]
+        text = tokenizer.decode(ids)
+    return text, ids
