@@ -62,7 +62,7 @@ def test_llama_server_infill_request_and_speculation(monkeypatch, whole):
     assert post["path"] == "/infill"
     assert post["headers"]["Authorization"] == f"Bearer {KEY}"
     body = post["body"]
-    assert body == {"input_prefix": "def add(a, b):\n", "input_suffix": "\n", "input_extra": chunks,
+    assert body == {"input_prefix": "def add(a, b):\n", "input_suffix": "", "input_extra": chunks,
                     "prompt": "    ", "n_predict": 16, "n_indent": 0, "stream": True, "cache_prompt": True,
                     "return_tokens": True, "stop": [], "timings_per_token": True, "t_max_predict_ms": 5000,
                     "top_k": 1, "samplers": ["top_k"]}

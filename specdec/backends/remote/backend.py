@@ -163,9 +163,11 @@ class RemoteBackend:
         return True
 
     def token_counter(self, wait: bool = True) -> TokenCounter:
-        """Counts in the target's tokens: its tokenizer built here on first need (blocking, seconds for a GGUF's
-        vocabulary: the server builds it on its loading thread), else the CHARS_PER_TOKEN estimate, said once in the
-        log per target. wait=False: while another thread builds it, the estimate (a completion does not wait)."""
+        """The target's tokens: its tokenizer built here on first need (blocking: a GGUF's vocabulary takes
+        10-30 s the first time, under a second from the cache after; the server builds it on its loading thread),
+        else the CHARS_PER_TOKEN estimate, said once in the log per target. The prompt's windows and the repository
+        context's budget are cut in them. wait=False: while another thread builds it, the estimate (a completion
+        does not wait)."""
         target = getattr(self.settings, "target", "") or ""
         counter = self._counter
         if counter is not None and self._counter_target == target:
@@ -176,8 +178,9 @@ class RemoteBackend:
             if self._counter is None or self._counter_target != target:
                 tokenizer, why = target_tokenizer(target)
                 if tokenizer is None:
-                    log.warning("%s: no tokenizer for %r here (%s): the repository context's budget is estimated "
-                                "at %d characters a token", self.kind, target, why, CHARS_PER_TOKEN)
+                    log.warning("%s: no tokenizer for %r here (%s): the prompt's budgets (prefix, suffix, "
+                                "repository context) are estimated at %d characters a token", self.kind, target, why,
+                                CHARS_PER_TOKEN)
                 self._counter, self._counter_target = TokenCounter(tokenizer), target
             return self._counter
         finally:
@@ -200,10 +203,9 @@ class RemoteBackend:
     def engine_request(self, request, chunks: list[dict] | None = None) -> EngineRequest:
         s = self.settings
         template = self.template()
-        prefix = fim_prompt.cut_prefix(request.prefix, s.max_prefix_tokens)
-        suffix = fim_prompt.cut_suffix(request.suffix, s.max_suffix_tokens)
-        chunks = fim_prompt.chunks_within(list(chunks or []), s.max_snippet_tokens,
-                                          self.token_counter(wait=False) if chunks else None)
+        counter = self.token_counter(wait=False)
+        prefix, suffix = counter.window(request.prefix, request.suffix, s.max_prefix_tokens, s.max_suffix_tokens)
+        chunks = fim_prompt.chunks_within(list(chunks or []), s.max_snippet_tokens, counter)
         workspace = getattr(request, "workspace", "") or ""
         adapter = self.adapter_for(workspace)
         text = fim_prompt.build(template, prefix, suffix, getattr(request, "path", "") or "", chunks,

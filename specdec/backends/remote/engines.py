@@ -1,9 +1,10 @@
 """Each engine's request shape, how its stream is read, and how its speculation counters become ours.
 
-llama-server: `/infill` as llama.vim sends it (input_prefix / prompt / input_suffix split at the cursor's
-line, `input_extra` = repository chunks, `cache_prompt`, `n_indent`), streamed, with `n_predict` and
-`t_max_predict_ms` as the engine-side caps, plus `timings_per_token`: every event then carries `timings`
-with `draft_n` / `draft_n_accepted` so far, so a stream our stop rule closes still reports its speculation.
+llama-server: `/infill` as llama.vim sends it (input_prefix / prompt split at the cursor's line, input_suffix,
+`input_extra` = repository chunks, `cache_prompt`, `n_indent`), streamed: input_prefix + prompt and input_suffix
+are the window the local prompt holds, exactly (llama.vim's newline after a suffix without one is not added).
+`n_predict` and `t_max_predict_ms` are the engine-side caps, plus `timings_per_token`: every event then carries
+`timings` with `draft_n` / `draft_n_accepted` so far, so a stream our stop rule closes still reports its speculation.
 vLLM: `/v1/completions` with the raw FIM prompt (it refuses `suffix`), explicit stop strings,
 `stream_options.include_usage`, `max_tokens`; `metrics.speculative_decoding` when the server runs with
 `--per-request-spec-decode-metrics`, else deltas of its Prometheus `vllm:spec_decode_*` counters.
@@ -90,11 +91,9 @@ class LlamaServer:
     def body(self, req: EngineRequest) -> dict:
         cut = req.prefix.rfind("\n") + 1
         above, before = req.prefix[:cut], req.prefix[cut:]
-        newline = req.suffix.find("\n")
-        after, below = (req.suffix, "") if newline < 0 else (req.suffix[:newline], req.suffix[newline + 1:])
-        line = before + after
+        line = before + req.suffix.split("\n", 1)[0]
         indent = len(line) - len(line.lstrip(" \t")) if line.strip() else 0
-        body = {"input_prefix": above, "input_suffix": after + "\n" + below, "input_extra": list(req.extra),
+        body = {"input_prefix": above, "input_suffix": req.suffix, "input_extra": list(req.extra),
                 "prompt": before, "n_predict": req.max_tokens, "n_indent": indent, "stream": True,
                 "cache_prompt": True, "return_tokens": True, "stop": [],  # llama.vim: the engine stops at EOG
                 "timings_per_token": True}  # draft_n so far on every event: a stream our stop rule cuts reports too

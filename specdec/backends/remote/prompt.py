@@ -1,15 +1,15 @@
 """The FIM prompt as text for engines that take a raw prompt (vLLM, SGLang), with repository context.
 
-The engine tokenizes. The prefix and suffix budgets are applied in characters at CHARS_PER_TOKEN, a low estimate
-for code, so a prompt stays within them; the prefix is cut at a line start so the prompt's head, and with it the
-engine's prefix cache, survives typing. The repository context's budget is counted in the target's tokens where
-its tokenizer could be built here (tokens.py), else estimated the same way. The template is the family's
-(specdec.prompts.fim): from `fimFamily`, else from the name of the model the engine serves, else from `target`.
+The engine tokenizes. The prefix and suffix it gets are the window the local prompt would hold (fim.window,
+through tokens.TokenCounter: in the target's tokens where its tokenizer could be built here, else estimated at
+CHARS_PER_TOKEN), so the prompt's head, and with it the engine's prefix cache, survives typing. The repository
+context's budget is counted the same way. The template is the family's (specdec.prompts.fim): from `fimFamily`,
+else from the name of the model the engine serves, else from `target`.
 """
 
 from __future__ import annotations
 
-from specdec.backends.remote.tokens import CHARS_PER_TOKEN, TokenCounter
+from specdec.backends.remote.tokens import TokenCounter
 from specdec.prompts.fim import TEMPLATES, FimTemplate
 FAMILY_HINTS = (("qwen", "qwen"), ("starcoder", "starcoder"), ("codellama", "codellama"), ("deepseek", "deepseek"),
                 ("codestral", "codestral"))
@@ -23,19 +23,6 @@ def family_of(*names: str) -> str:
             if hint in low:
                 return family
     return "qwen"
-
-
-def cut_prefix(prefix: str, max_tokens: int) -> str:
-    budget = max_tokens * CHARS_PER_TOKEN
-    if len(prefix) <= budget:
-        return prefix
-    tail = prefix[-budget:]
-    line = tail.find("\n")
-    return tail[line + 1:] if 0 <= line < len(tail) - 1 else tail
-
-
-def cut_suffix(suffix: str, max_tokens: int) -> str:
-    return suffix[: max_tokens * CHARS_PER_TOKEN]
 
 
 def chunk_tokens(chunk: dict, counter: TokenCounter) -> int:
