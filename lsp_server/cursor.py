@@ -67,9 +67,10 @@ def build_request(server, uri: str, position: types.Position, invoked: bool) -> 
     prefix, suffix = window(text, offset)
     request = CompletionRequest(uri, language, workspace, prefix, suffix, invoked,
                                 path=str(Path(path).relative_to(workspace)) if workspace else Path(path).name)
-    request.context = snippets(server, uri, language)
-    if getattr(server.host, "remote", False):  # the engine gets other files as chunks (input_extra, <|file_sep|>)
-        request.chunks = chunks(server, uri, language)
+    if getattr(server.host, "remote", False):  # the engine gets other files as chunks (input_extra, <|file_sep|>);
+        request.chunks = chunks(server, uri, language)  # the local prompt's snippets would go unread
+    else:
+        request.context = snippets(server, uri, language)
     if server.indexing.indexer is not None:
         from specdec.repository.build import document_key
 
