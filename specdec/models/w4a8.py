@@ -39,6 +39,7 @@ import contextlib
 import os
 import platform
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -63,7 +64,8 @@ LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()
 _state: dict = {}
 NAME = "specdec_w4a8"
-FUNCTIONS = ("w4a8_mm", "w8a8_mm", "cpu_supported", "cpu_isa", "isa", "set_isa")
+FUNCTIONS = ("w4a8_mm", "w8a8_mm", "w4a8_mm_q", "w8a8_mm_q", "add_rms_norm_q8", "cpu_supported", "cpu_isa", "isa",
+             "set_isa")
 
 
 def _extension() -> dict:
@@ -239,6 +241,50 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Te
     if module is None:
         raise RuntimeError(f"the W4A8 kernel is unavailable: {_state['reason']}")
     return module.w4a8_mm(x, packed, out_features)
+
+
+@dataclass
+class Int8Rows:
+    """Activations already rounded as both kernels round them (per row and group of 32, symmetric, round half to
+    even): codes int8 [M, K], scales fp32 [M, K / 32] (amax / 127), sums fp32 [M, K / 32] (of the unrounded
+    group, W4A8's zero term), code_sums int32 [M, K / 32] (W8A8's offset term). What `add_rms_norm_int8` makes
+    and `matmul_rows` / `matmul8_rows` read, so one rounding serves every matmul over the same rows."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    sums: torch.Tensor
+    code_sums: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.codes.shape[0]
+
+    def last(self, keep: int) -> Int8Rows:
+        """The last `keep` rows (contiguous: a row block of each tensor)."""
+        first = len(self) - keep
+        return Int8Rows(*(t[first:] for t in (self.codes, self.scales, self.sums, self.code_sums)))
+
+
+def fused_norm_runs() -> bool:
+    """Whether add_rms_norm_int8 runs here: the kernels load and run on their AVX512-VNNI path (the AVX2 path keeps
+    the unfused norm)."""
+    return load() is not None and isa() == "avx512"
+
+
+def add_rms_norm_int8(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> Int8Rows:
+    """residual += x (in place, fp32 [M, K]; x None: no add), then RMSNorm and the activations' rounding in one
+    C++ pass per row: bit for bit the rows quantizing specdec.native's add_rms_norm (or rms_norm) output gives.
+    Where fused_norm_runs()."""
+    return Int8Rows(*_module().add_rms_norm_q8(x, residual, weight, eps))
+
+
+def matmul_rows(rows: Int8Rows, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """matmul on rows already rounded -> fp32 [M, out_features], the bits matmul gives their fp32 source."""
+    return _module().w4a8_mm_q(rows.codes, rows.scales, rows.sums, packed, out_features)
+
+
+def matmul8_rows(rows: Int8Rows, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """matmul8 on rows already rounded -> fp32 [M, N], the bits matmul8 gives their fp32 source."""
+    return _module().w8a8_mm_q(rows.codes, rows.scales, rows.code_sums, packed, scale)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -16,6 +16,8 @@ Shapes: n rows, d width, I intermediate, Hq/Hk query/kv heads, D head size, S ca
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from specdec.models import w4a8
@@ -63,6 +65,32 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         return ops.add_rms_norm(x, residual, weight, eps)
     residual.add_(x)
     return rms_norm(residual, weight, eps)
+
+
+def int8_norms(linears: list) -> bool:
+    """Whether the norms feeding these Linears may hand them int8 rows (add_rms_norm_int8): every one reads them
+    (W4A8/W8A8), the kernels load here, and SPECDEC_FUSED_NORM=0 (the A/B switch) is not set. A model asks once;
+    int8_norms_now says whether a pass may."""
+    return (os.environ.get("SPECDEC_FUSED_NORM", "1") != "0" and all(lin.kernel in INT8_KERNELS for lin in linears)
+            and w4a8.load() is not None)
+
+
+def int8_norms_now(linears: list) -> bool:
+    """Whether this pass's norms hand these Linears int8 rows: the kernels run on their AVX512-VNNI path now (the
+    AVX2 path keeps the unfused norm) and no Linear has a LoRA adapter set (its side matmul reads fp32 rows)."""
+    return w4a8.fused_norm_runs() and all(lin.lora is None for lin in linears)
+
+
+def add_rms_norm_int8(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float) -> w4a8.Int8Rows:
+    """add_rms_norm (rms_norm when x is None) with its output rounded as W4A8/W8A8 round activations, in one C++
+    pass: the same bits their matmuls give add_rms_norm's rows, one rounding for every matmul that reads them."""
+    return w4a8.add_rms_norm_int8(x, residual, weight, eps)
+
+
+def last_rows(h: torch.Tensor | w4a8.Int8Rows, keep: int) -> torch.Tensor | w4a8.Int8Rows:
+    """The last keep rows of a norm's output, fp32 or int8 rows."""
+    return h.last(keep) if isinstance(h, w4a8.Int8Rows) else h[len(h) - keep :].contiguous()
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -149,10 +177,12 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 # ---- matmuls ---------------------------------------------------------------------------------------------------
 
 KERNELS = ("w4a8", "w8a8", "dense")
+INT8_KERNELS = ("w4a8", "w8a8")  # the ones that read int8 rows (w4a8.Int8Rows) as they read fp32 ones
 
 
 class Linear:
-    """y = x @ W.T (+ bias): x f32[n, in] -> f32[n, out], W held as its kernel reads it.
+    """y = x @ W.T (+ bias): x f32[n, in] (or int8 rows, w4a8.Int8Rows, for W4A8/W8A8) -> f32[n, out], W held as
+    its kernel reads it.
 
     w4a8: `packed` = w4a8.pack of Q4_K codes; w8a8: `packed` = w4a8.pack8 of int8 codes, `scale` fp32[out];
     dense: `weight` fp32[out, in] (the reference; torch's matmul is not row-independent).
@@ -169,7 +199,14 @@ class Linear:
         self.bias = None if bias is None else bias.float().contiguous()
         self.lora: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor | w4a8.Int8Rows) -> torch.Tensor:
+        if isinstance(x, w4a8.Int8Rows):  # rows a fused norm already rounded (add_rms_norm_int8)
+            if self.kernel not in INT8_KERNELS or self.lora is not None:
+                raise TypeError(f"a {self.kernel} Linear{' with a LoRA adapter' if self.lora is not None else ''} "
+                                "reads fp32 rows, not int8 ones")
+            out = (w4a8.matmul_rows(x, self.packed, self.out_features) if self.kernel == "w4a8"
+                   else w4a8.matmul8_rows(x, self.packed, self.scale))
+            return out if self.bias is None else out + self.bias
         if self.kernel == "w4a8":
             out = w4a8.matmul(x, self.packed, self.out_features)
         elif self.kernel == "w8a8":

@@ -9,7 +9,8 @@ row attends to: slots 0 .. prefix-1, then `extra` slots in order (a tree node's 
 itself). Which rows share a pass, and in which slots the keys sit, changes no bit of a row's result.
 
 Per layer: x -> RMSNorm -> QKV -> bias (Qwen2), RoPE (NeoX: halves rotated), K/V into the cache (one op) -> attention ->
-O -> residual add + RMSNorm -> gate|up -> SiLU * up -> down -> residual add + the next RMSNorm.
+O -> residual add + RMSNorm -> gate|up -> SiLU * up -> down -> residual add + the next RMSNorm. Where the
+matmuls reading a norm are all W4A8/W8A8, the norm rounds its rows to their int8 codes in the same C++ pass.
 """
 
 from __future__ import annotations
@@ -58,6 +59,19 @@ class Qwen2:
         # RoPE's cos/sin for every position the model takes, made once (layers.rope_table)
         self.cos, self.sin = F.rope_table(self.config.context_length + ROPE_SLACK, self.config.head_dim,
                                           self.config.rope_theta, self.config.rope_scale)
+        # the norms hand their rows to the matmuls already rounded to int8 where every reader takes them so
+        # (layers.add_rms_norm_int8: the same bits, one rounding instead of one per matmul)
+        self.norm_readers = [p for layer in weights.layers for p in (*layer.qkv.parts, *layer.gate_up.parts)]
+        self.norm_readers.append(weights.output)
+        self.int8_norms = F.int8_norms(self.norm_readers)
+
+    def norm(self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, int8: bool):
+        """residual += x (x None: nothing added), then RMSNorm: f32[n, d], or int8 rows when int8."""
+        if int8:
+            return F.add_rms_norm_int8(x, residual, weight, self.config.eps)
+        if x is None:
+            return F.rms_norm(residual, weight, self.config.eps)
+        return F.add_rms_norm(x, residual, weight, self.config.eps)
 
     def new_cache(self, slots: int, dtype: torch.dtype = torch.bfloat16) -> KVCache:
         return KVCache.empty(self.config, slots, dtype)
@@ -71,7 +85,9 @@ class Qwen2:
         c, w = self.config, self.weights
         n = len(ids)
         residual = w.embedding(ids)
-        h = F.rms_norm(residual, w.layers[0].attn_norm, c.eps)
+        # a LoRA side matmul (a draft's adapter, Linear.lora) reads fp32 rows: with one set, the norms give fp32
+        int8 = self.int8_norms and F.int8_norms_now(self.norm_readers)
+        h = self.norm(None, residual, w.layers[0].attn_norm, int8)
         if int(positions.max()) >= len(self.cos):
             raise SpecdecError(f"position {int(positions.max())} is beyond the model's context of "
                                f"{self.config.context_length}")
@@ -81,11 +97,11 @@ class Qwen2:
             q = F.qkv_rope_cache(layer.qkv(h), layer.qkv_bias, positions, self.cos, self.sin, k_cache, v_cache, slots,
                                  c.heads)
             attn = F.attention(q, k_cache, v_cache, prefix, extra, self.scale)
-            h = F.add_rms_norm(layer.o(attn.reshape(n, q_width)), residual, layer.ffn_norm, c.eps)
+            h = self.norm(layer.o(attn.reshape(n, q_width)), residual, layer.ffn_norm, int8)
             mlp = layer.down(F.silu_mul(layer.gate_up(h)))
             following = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.output_norm
-            h = F.add_rms_norm(mlp, residual, following, c.eps)
+            h = self.norm(mlp, residual, following, int8)
             if hidden_states is not None:
                 hidden_states.append(residual.clone())
         keep = n if keep is None else keep
-        return w.output(h[n - keep :].contiguous())
+        return w.output(F.last_rows(h, keep))

@@ -256,8 +256,9 @@ def test_an_avx2_only_cpu_passes_the_gates(monkeypatch):
 
 def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
     """The AVX2 path and the dispatch must run on a CPU without AVX512 (none here to run them on): in the built
-    library, only the AVX512 kernels (quantize_row<T>, tile_kernel<MB>, tile_kernel8<MB>, global namespace) use zmm
-    or mask registers or EVEX encodings; every w4a8_avx2:: function has AVX2 instructions and none of those."""
+    library, only the AVX512 kernels (quantize_row<T>, tile_kernel<MB>, tile_kernel8<MB>, the fused norm's
+    rms_norm_row and add_row, global namespace) use zmm or mask registers or EVEX encodings; every w4a8_avx2::
+    function has AVX2 instructions and none of those."""
     import re
     import shutil
 
@@ -266,7 +267,8 @@ def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
     library = kernel.__file__
     listing = subprocess.run(["objdump", "-d", "-C", library], capture_output=True, text=True, check=True).stdout
     function, offenders, avx512, avx2_ymm = "", set(), set(), set()
-    allowed = re.compile(r"^(void |float )?(quantize_row|tile_kernel8?|group_dot|bf16x16_to_ps)[<(]")
+    allowed = re.compile(r"^(void |float )?(quantize_row|tile_kernel8?|group_dot|bf16x16_to_ps|rms_norm_row|add_row)"
+                         r"[<(]")
     for line in listing.splitlines():
         header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
         if header:

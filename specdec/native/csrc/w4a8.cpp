@@ -167,7 +167,42 @@ static void tile_kernel8(const uint8_t* w, int64_t G, const int8_t* xq, int64_t 
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_mul_ps(acc[m], sc));
 }
 
+// RMSNorm of one row (d % 16 == 0) with the arithmetic of specdec/native/csrc/kernels_impl.h's rms_norm_row on
+// AVX512, bit for bit (tests/native/test_native_fused_norm.py checks it against ops.add_rms_norm): sum of squares
+// in 16 lanes, one fma per chunk in order; lanes i + i+8, i + i+4, i + i+2, 0 + 1; mean = sum / d,
+// inv = 1 / sqrt(mean + eps), out = weight * (x * inv).
+static void rms_norm_row(const float* x, const float* weight, float* out, int64_t d, float eps) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < d; i += 16) {
+    __m512 a = _mm512_loadu_ps(x + i);
+    acc = _mm512_fmadd_ps(a, a, acc);
+  }
+  __m256 f = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_shuffle_ps(t, t, 1));
+  float mean = _mm_cvtss_f32(t) / static_cast<float>(d);
+  __m512 inv = _mm512_set1_ps(1.0f / __builtin_sqrtf(mean + eps));
+  for (int64_t i = 0; i < d; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(weight + i), _mm512_mul_ps(_mm512_loadu_ps(x + i), inv)));
+}
+
+static void add_row(const float* x, float* residual, int64_t d) {
+  for (int64_t i = 0; i < d; i += 16)
+    _mm512_storeu_ps(residual + i, _mm512_add_ps(_mm512_loadu_ps(residual + i), _mm512_loadu_ps(x + i)));
+}
+
 #pragma GCC pop_options
+
+// The integer sum of each group's 32 codes (W8A8 takes its weights' +128 offset out with it): q [n * 32] -> [n].
+static void code_sums(const int8_t* q, int64_t groups, int32_t* qsum) {
+  for (int64_t i = 0; i < groups; ++i) {
+    int32_t total = 0;
+    for (int k = 0; k < 32; ++k) total += q[32 * i + k];
+    qsum[i] = total;
+  }
+}
 
 static void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xs, at::Tensor& xsum) {
   const int64_t M = x.size(0), K = x.size(1), G = K / 32;
@@ -203,17 +238,30 @@ static void over_tiles(int64_t NT, int64_t M, F&& tile) {
   });
 }
 
-// x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 320]; returns [M, N] in x's dtype.
-at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) {
-  check_x(x_in, N, "w4a8_mm");
-  const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32, NT = N / 16;
+static void check_rows(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& sums, at::ScalarType sums_type,
+                       int64_t N, const char* name) {
+  TORCH_CHECK(cpu_supported(), name, " needs AVX512-VNNI or AVX2 + FMA");
+  TORCH_CHECK(xq.dim() == 2 && xq.scalar_type() == at::kChar && xq.is_contiguous() && xq.size(1) % 32 == 0 &&
+              N % 16 == 0, name, ": int8 codes [M, K] with K % 32 == 0, N % 16 == 0");
+  const int64_t M = xq.size(0), G = xq.size(1) / 32;
+  for (const at::Tensor* t : {&xs, &sums})
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == M && t->size(1) == G && t->is_contiguous(), name,
+                ": scales and sums [M, K / 32] beside the codes");
+  TORCH_CHECK(xs.scalar_type() == at::kFloat && sums.scalar_type() == sums_type, name, ": scale/sum dtypes");
+}
+
+// Activations already rounded (quantize_rows or add_rms_norm_q8): xq int8 [M, K], xs/xsum fp32 [M, K / 32];
+// packed: uint8 [N / 16 * K / 32 * 320] -> fp32 [M, N].
+at::Tensor w4a8_mm_q(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& xsum, const at::Tensor& packed,
+                     int64_t N) {
+  check_rows(xq, xs, xsum, at::kFloat, N, "w4a8_mm_q");
+  const int64_t M = xq.size(0), K = xq.size(1), G = K / 32, NT = N / 16;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == NT * G * BLK,
               "w4a8_mm: packed weight does not match N x K");
-  at::Tensor xq = at::empty({M, K}, at::kChar), xs = at::empty({M, G}, at::kFloat),
-             xsum = at::empty({M, G}, at::kFloat), yf = at::empty({M, N}, at::kFloat);
-  quantize_rows(x_in.contiguous(), xq, xs, xsum);
-  int8_t* q = xq.data_ptr<int8_t>();
-  float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>(), *o = yf.data_ptr<float>();
+  at::Tensor yf = at::empty({M, N}, at::kFloat);
+  const int8_t* q = xq.data_ptr<int8_t>();
+  const float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>();
+  float* o = yf.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const bool avx2 = avx2_path();
   over_tiles(NT, M, [&](int64_t t, int64_t m0, auto mb) {
@@ -222,28 +270,33 @@ at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) 
     else
       tile_kernel<decltype(mb)::value>(w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
   });
+  return yf;
+}
+
+// x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 320]; returns [M, N] in x's dtype.
+at::Tensor w4a8_mm(const at::Tensor& x_in, const at::Tensor& packed, int64_t N) {
+  check_x(x_in, N, "w4a8_mm");
+  const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32;
+  at::Tensor xq = at::empty({M, K}, at::kChar), xs = at::empty({M, G}, at::kFloat),
+             xsum = at::empty({M, G}, at::kFloat);
+  quantize_rows(x_in.contiguous(), xq, xs, xsum);
+  at::Tensor yf = w4a8_mm_q(xq, xs, xsum, packed, N);
   return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
 }
 
-// x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 512]; scale fp32 [N] per output channel;
-// returns [M, N] in x's dtype.
-at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale) {
+// Activations already rounded: xq int8 [M, K], xs fp32 [M, K / 32], qsum int32 [M, K / 32] (code_sums);
+// packed: uint8 [N / 16 * K / 32 * 512]; scale fp32 [N] per output channel -> fp32 [M, N].
+at::Tensor w8a8_mm_q(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& qs, const at::Tensor& packed,
+                     const at::Tensor& scale) {
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 1 && scale.is_contiguous(), "w8a8_mm: fp32 scale [N]");
   const int64_t N = scale.size(0);
-  check_x(x_in, N, "w8a8_mm");
-  const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32, NT = N / 16;
+  check_rows(xq, xs, qs, at::kInt, N, "w8a8_mm_q");
+  const int64_t M = xq.size(0), K = xq.size(1), G = K / 32, NT = N / 16;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.numel() == NT * G * BLK8,
               "w8a8_mm: packed weight does not match N x K");
-  at::Tensor xq = at::empty({M, K}, at::kChar), xs = at::empty({M, G}, at::kFloat),
-             xsum = at::empty({M, G}, at::kFloat), qs = at::empty({M, G}, at::kInt), yf = at::empty({M, N}, at::kFloat);
-  quantize_rows(x_in.contiguous(), xq, xs, xsum);
-  int8_t* q = xq.data_ptr<int8_t>();
-  int32_t* qsum = qs.data_ptr<int32_t>();
-  for (int64_t i = 0; i < M * G; ++i) {
-    int32_t total = 0;
-    for (int k = 0; k < 32; ++k) total += q[32 * i + k];
-    qsum[i] = total;
-  }
+  at::Tensor yf = at::empty({M, N}, at::kFloat);
+  const int8_t* q = xq.data_ptr<int8_t>();
+  const int32_t* qsum = qs.data_ptr<int32_t>();
   const float *s = xs.data_ptr<float>(), *sc = scale.data_ptr<float>();
   float* o = yf.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
@@ -256,5 +309,62 @@ at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::T
       tile_kernel8<decltype(mb)::value>(w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
                                         o + m0 * N + 16 * t, N);
   });
+  return yf;
+}
+
+// x [M, K] fp32 or bf16 (K % 32 == 0); packed: uint8 [N / 16 * K / 32 * 512]; scale fp32 [N] per output channel;
+// returns [M, N] in x's dtype.
+at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale) {
+  TORCH_CHECK(scale.dim() == 1, "w8a8_mm: fp32 scale [N]");  // the rest checked by w8a8_mm_q
+  check_x(x_in, scale.size(0), "w8a8_mm");
+  const int64_t M = x_in.size(0), K = x_in.size(1), G = K / 32;
+  at::Tensor xq = at::empty({M, K}, at::kChar), xs = at::empty({M, G}, at::kFloat),
+             xsum = at::empty({M, G}, at::kFloat), qs = at::empty({M, G}, at::kInt);
+  quantize_rows(x_in.contiguous(), xq, xs, xsum);
+  code_sums(xq.data_ptr<int8_t>(), M * G, qs.data_ptr<int32_t>());
+  at::Tensor yf = w8a8_mm_q(xq, xs, qs, packed, scale);
   return x_in.scalar_type() == at::kFloat ? yf : yf.to(x_in.scalar_type());
+}
+
+// The residual add (when x is given: residual += x, in place), RMSNorm and the activations' rounding in one pass
+// per row, the normalized row never leaving a row buffer: residual fp32 [M, K] (K % 32 == 0), weight fp32 [K] ->
+// (codes int8 [M, K], scales fp32 [M, K / 32], sums fp32 [M, K / 32], code sums int32 [M, K / 32]), bit for bit
+// what quantizing ops.add_rms_norm's output gives, for w4a8_mm_q and w8a8_mm_q alike. The norm runs in IEEE's
+// default FP mode as ops.cpp's does; the rounding in the caller's, as w4a8_mm's does. The AVX512 path only (the
+// AVX2 path keeps the unfused norm: w4a8.fused_norm_runs says which).
+std::vector<at::Tensor> add_rms_norm_q8(const c10::optional<at::Tensor>& x_in, at::Tensor residual,
+                                        const at::Tensor& weight_in, double eps) {
+  TORCH_CHECK(current_isa() == ISA_AVX512, "add_rms_norm_q8 runs on the AVX512-VNNI path only");
+  TORCH_CHECK(residual.dim() == 2 && residual.scalar_type() == at::kFloat && residual.is_contiguous() &&
+              residual.size(1) % 32 == 0, "add_rms_norm_q8: residual fp32 [M, K], contiguous, K % 32 == 0");
+  const int64_t M = residual.size(0), K = residual.size(1), G = K / 32;
+  TORCH_CHECK(weight_in.dim() == 1 && weight_in.size(0) == K && weight_in.scalar_type() == at::kFloat,
+              "add_rms_norm_q8: weight fp32 [K]");
+  at::Tensor x;
+  if (x_in.has_value()) {
+    x = x_in->contiguous();
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.sizes() == residual.sizes(), "add_rms_norm_q8: x as residual");
+  }
+  at::Tensor weight = weight_in.contiguous();
+  at::Tensor xq = at::empty({M, K}, at::kChar), xs = at::empty({M, G}, at::kFloat),
+             xsum = at::empty({M, G}, at::kFloat), qs = at::empty({M, G}, at::kInt);
+  const float* xp = x.defined() ? x.data_ptr<float>() : nullptr;
+  const float* wp = weight.data_ptr<float>();
+  float* rp = residual.data_ptr<float>();
+  int8_t* q = xq.data_ptr<int8_t>();
+  float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>();
+  int32_t* qsum = qs.data_ptr<int32_t>();
+  at::parallel_for(0, M, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t m0, int64_t m1) {
+    std::vector<float> row(K);
+    for (int64_t m = m0; m < m1; ++m) {
+      const unsigned int caller = _mm_getcsr();
+      _mm_setcsr(0x1F80);
+      if (xp) add_row(xp + m * K, rp + m * K, K);
+      rms_norm_row(rp + m * K, wp, row.data(), K, static_cast<float>(eps));
+      _mm_setcsr(caller);
+      quantize_row(row.data(), K, q + m * K, s + m * G, sm + m * G);
+      code_sums(q + m * K, G, qsum + m * G);
+    }
+  });
+  return {xq, xs, xsum, qs};
 }
