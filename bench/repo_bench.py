@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.models.online_job import OnlineJob
 from specdec_bench.finetune import _finetune_args
 
 REPO_OUTPUT = "bench-results/repo.json"
@@ -90,8 +91,8 @@ def scrub(text: str, holes) -> tuple[str, set[str]]:
 
 
 def replay_job(args, root: Path, heldout, holes, completer, drafter, draft_hash: str, seed: int = 0,
-               report=print) -> dict:
-    """The OnlineJob (as JSON) the server would send after the user typed the held-out files: the edited documents
+               report=print) -> OnlineJob:
+    """The OnlineJob the server would send after the user typed the held-out files: the edited documents
     (text minus the holes' answers) and ONLINE_ACCEPTED completions of the target at other points of them."""
     from specdec_bench.workload import SourceFile, cut_holes
     from specdec.engine.session import GenerationConfig
@@ -120,8 +121,8 @@ def replay_job(args, root: Path, heldout, holes, completer, drafter, draft_hash:
     accepted = accepted[:ONLINE_ACCEPTED]
     report(f"  replay: {len(edited)} edited files, {len(accepted)} accepted completions "
            f"({dropped} dropped for holding a hole's answer)")
-    return {"workspace": str(root), "draft": args.draft, "target": args.target, "draft_hash": draft_hash,
-            "dtype": args.dtype, "draft_quant": args.draft_quant, "accepted": accepted, "edited": edited}
+    return OnlineJob(str(root), args.draft, args.target, draft_hash, args.dtype, args.draft_quant, accepted=accepted,
+                     edited=edited)
 
 
 # -- the adapter: trained once per package and settings ----------------------------------------------------------
@@ -174,18 +175,18 @@ def trained_adapter(ft_args, target, split, folder: Path, report=print) -> dict:
     return {**training, "cached": False}
 
 
-def online_adapter(job: dict, root: Path, lora: Path, draft_hash: str, args, work: Path, report=print) -> tuple:
+def online_adapter(job: OnlineJob, root: Path, lora: Path, draft_hash: str, args, work: Path, report=print) -> tuple:
     """(adapter folder, refresh outcome): the LoRA adapter continued by one refresh, in a private registry (the
     user's is never touched); the LoRA adapter itself when the refresh did not keep its result."""
     from specdec_adapters.registry import AdapterMeta, Registry, repo_identity
-    from specdec_finetune.online import OnlineJob, refresh
+    from specdec_finetune.online import refresh
 
     registry = Registry(work / "registry")
     key, remote, commit = repo_identity(root)
     registry.register(lora, AdapterMeta(repo_key=key, version="", repo_root=str(root), git_remote=remote,
                                         git_commit=commit, base_draft=args.draft, base_draft_hash=draft_hash,
                                         target=args.target, training={"bench": "repo"}))
-    outcome = refresh(OnlineJob.parse(job), lambda message: report(f"  online: {message}"), registry=registry)
+    outcome = refresh(job, lambda message: report(f"  online: {message}"), registry=registry)
     if outcome.get("adapter"):
         return registry.path(registry.get(*outcome["adapter"].split("@"))), outcome
     return lora, outcome
@@ -294,8 +295,8 @@ def bench_package(spec: str, args, configs: list[Config], models: dict, report=p
                 base_drafter = make_drafter("draft", base_draft.model, max_draft=args.max_draft)
                 job = replay_job(args, root, split.heldout, holes, completer, base_drafter, models["draft_hash"],
                                  ft_args.seed, report)
-                result["replay"] = {"edited": [{"path": d["path"], "chars": len(d["text"])} for d in job["edited"]],
-                                    "accepted": len(job["accepted"])}
+                result["replay"] = {"edited": [{"path": d["path"], "chars": len(d["text"])} for d in job.edited],
+                                    "accepted": len(job.accepted)}
                 online, outcome = online_adapter(job, root, lora, models["draft_hash"], args, work, report)
                 result["online"] = {k: v for k, v in outcome.items() if k != "losses"}
                 drafts["online"] = load_draft(args.draft, target, args.dtype, args.draft_quant,

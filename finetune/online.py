@@ -1,11 +1,13 @@
 """One online refresh of a workspace's draft adapter (issue #34 item 3): `python -m specdec_finetune.online`.
 
-The language server (lsp_server/online.py) starts this at idle, with a job on stdin (JSON, `OnlineJob`): the
-completions the user accepted (their FIM context as text, and the token ids the target generated) and the
-documents they edited. It drops every document with a secret finding (and every accepted completion from
-one), continues the workspace's current adapter for a few LoRA steps over the int8 draft the server runs,
-scores greedy acceptance before and after on the newest accepted completions (held out), and registers the
-new adapter only if acceptance did not fall. Progress and the outcome are JSON lines on stdout.
+The language server (lsp_server/online.py) starts this at idle, with a job on stdin (JSON, `OnlineJob`:
+specdec/models/online_job.py, the one contract both sides use): the completions the user accepted (their FIM
+context as text, and the token ids the target generated) and the documents they edited. It drops every document
+the repository index would skip (a secret finding, vendored, generated, minified, ignored: the one rule of
+specdec/repository/files.py) and every accepted completion from one, continues the workspace's current adapter
+for a few LoRA steps over the int8 draft the server runs, scores greedy acceptance before and after on the newest
+accepted completions (held out), and registers the new adapter only if acceptance did not fall. Progress and the
+outcome are JSON lines on stdout.
 
 A child process, not a thread of the server: lsp_server may not import specdec_finetune (tests/test_layering.py),
 the server stops it with SIGSTOP the moment a completion request arrives (a thread cannot be paused inside
@@ -25,64 +27,21 @@ then quantized) per completion counts what the engine counts at a fixed draft le
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass
+from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.models.online_job import OnlineJob
+from specdec.repository.files import document_reason
 
 EVAL_K = 4  # fixed draft length of the acceptance score, as `specdec finetune` scores
 MAX_HELDOUT = 8
 TEACHER_TOP = 64  # the target's most likely next tokens an edited-file sample is distilled toward
 EDITED_SHARE = 0.5  # of the training steps, when there are edited files (the others use accepted completions)
-
-
-@dataclass
-class OnlineJob:
-    """What the server sends. `accepted`: oldest first, each {path, language, prefix, suffix, tokens, text}
-    (`text`: the suggestion as the user took it); `edited`: each {path, language, text}. Paths are relative
-    to the workspace."""
-
-    workspace: str
-    draft: str
-    target: str
-    draft_hash: str = ""  # the server's base draft: the adapter must fit what it serves
-    dtype: str = "auto"
-    draft_quant: str = "int8"
-    fim_family: str = ""
-    steps: int = 8
-    batch_size: int = 2
-    seq_len: int = 256
-    learning_rate: float = 3e-4
-    seed: int = 0
-    accepted: list[dict] = field(default_factory=list)
-    edited: list[dict] = field(default_factory=list)
-    fresh: int = -1  # the newest `fresh` accepted completions were never trained on (-1: all of them)
-
-    @classmethod
-    def parse(cls, data) -> OnlineJob:
-        if not isinstance(data, dict):
-            raise SpecdecError("online job: expected a JSON object")
-        known = set(cls.__dataclass_fields__)
-        try:
-            job = cls(**{k: v for k, v in data.items() if k in known})
-        except TypeError as exc:
-            raise SpecdecError(f"online job: {exc}") from None
-        names = ("workspace", "draft", "target", "draft_hash", "dtype", "draft_quant", "fim_family")
-        if not all(isinstance(getattr(job, name), str) for name in names):
-            raise SpecdecError(f"online job: {', '.join(names)} must be strings")
-        if not all(isinstance(s, dict) and isinstance(s.get("tokens"), list) for s in job.accepted):
-            raise SpecdecError("online job: every accepted completion needs its token ids")
-        if not all(isinstance(d, dict) and isinstance(d.get("path"), str) and isinstance(d.get("text"), str)
-                   for d in job.edited):
-            raise SpecdecError("online job: every edited document needs its path and text")
-        if job.steps < 1 or job.batch_size < 1 or job.seq_len < 32:
-            raise SpecdecError("online job: steps and batch size must be >= 1, seq_len >= 32")
-        return job
 
 
 @dataclass
@@ -109,23 +68,10 @@ class OnlineData:
                 "heldout": len(self.heldout), "edited_files": self.edited_files, "dropped": self.dropped}
 
 
-def document_reason(path: str, text: str) -> str | None:
-    """Why a document may never be trained on (the content rules of finetune.files.select), or None."""
-    from specdec_finetune.files import GENERATED_MARKERS, LOCK_FILES, VENDORED_DIRS, secret_reason
-
-    rel = PurePosixPath(path)
-    if any(part in VENDORED_DIRS for part in rel.parts[:-1]):
-        return "vendored"
-    if any(fnmatch.fnmatch(rel.name, p) for p in LOCK_FILES):
-        return "lock file"
-    if any(marker in text[:2000] for marker in GENERATED_MARKERS):
-        return "generated"
-    return secret_reason(rel.name, text)
-
-
 def build_data(job: OnlineJob, tokenizer, template) -> OnlineData:
-    """Training and held-out samples from the job, secrets filtered out (a document with a finding is never used,
-    nor is any completion accepted in it). The newest accepted completions, none of them trained on by an
+    """Training and held-out samples from the job, filtered as the repository index filters the editor's documents
+    (specdec.repository.files.document_reason: a secret, vendored, generated, minified or ignored document is never
+    used, nor is any completion accepted in it). The newest accepted completions, none of them trained on by an
     earlier refresh, are held out, and their text is cut out of the edited documents, so the score is on text
     no refresh trained on."""
     from specdec.prompts import fim
@@ -137,8 +83,9 @@ def build_data(job: OnlineJob, tokenizer, template) -> OnlineData:
     views += [(entry.get("path", ""), "\n".join((entry.get("prefix", "") + text + entry.get("suffix", ""),
                                                   entry.get("text", ""))))
               for entry, text in zip(job.accepted, completions)]
+    root = Path(job.workspace)
     for path, text in views:
-        reason = path not in dropped and document_reason(path, text)
+        reason = path not in dropped and document_reason(root, Path(path), text)
         if reason:
             dropped[path] = reason
     budget = job.seq_len // 2

@@ -26,10 +26,11 @@ import os
 import sys
 import time
 from collections import OrderedDict, deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from lsp_server.settings import Settings
+from specdec.models.online_job import AcceptedSample, OnlineJob
 
 log = logging.getLogger("specdec.server")
 
@@ -53,18 +54,6 @@ def in_workspace(request) -> bool:
     return within(os.path.realpath(request.workspace), os.path.realpath(path))
 PREFIX_CHARS, SUFFIX_CHARS = 4096, 1024  # of a completion's context: more than the trainer's prompt budget uses
 MAX_HISTORY = 20  # this session's refresh outcomes (the metrics file keeps every one)
-
-
-@dataclass
-class AcceptedSample:
-    """An accepted completion: its context and the token ids the target generated (the training labels)."""
-
-    path: str
-    language: str
-    prefix: str
-    suffix: str
-    tokens: list[int]
-    text: str  # the suggestion as shown
 
 
 class OnlineAdaptation:
@@ -260,15 +249,14 @@ class OnlineAdaptation:
                 pass
 
     # -- one refresh -------------------------------------------------------------------------
-    def job(self, workspace: str) -> dict:
-        """What the child trains on (finetune/online.py's OnlineJob), from the server's own settings."""
+    def job(self, workspace: str) -> OnlineJob:
+        """What the child trains on, from the server's own settings."""
         s = self.settings
-        return {"workspace": workspace, "draft": s.draft, "target": s.target, "draft_hash": self.host.draft_hash,
-                "dtype": s.dtype, "draft_quant": s.draft_quant, "fim_family": s.fim_family,
-                "steps": s.online_steps, "accepted": [asdict(a) for a in self.accepted.get(workspace, ())],
-                "fresh": self.since.get(workspace, 0),  # the newest, never trained on: the held-out set's pool
-                "edited": [{"path": path, "language": language, "text": text}
-                           for path, language, text in self.edited.get(workspace, {}).values()]}
+        return OnlineJob(workspace, s.draft, s.target, self.host.draft_hash, s.dtype, s.draft_quant, s.fim_family,
+                         steps=s.online_steps, accepted=[asdict(a) for a in self.accepted.get(workspace, ())],
+                         fresh=self.since.get(workspace, 0),  # the newest, never trained on: the held-out set's pool
+                         edited=[{"path": path, "language": language, "text": text}
+                                 for path, language, text in self.edited.get(workspace, {}).values()])
 
     async def _refresh(self, workspace: str) -> None:
         started = time.time()
@@ -286,7 +274,7 @@ class OnlineAdaptation:
             if self.busy or time.monotonic() - self.last_activity < self.settings.online_idle_seconds:
                 self._suspend()  # a request came while it was starting
                 self._arm()
-            self.process.stdin.write(json.dumps(job).encode())
+            self.process.stdin.write(job.to_json().encode())
             await self.process.stdin.drain()
             self.process.stdin.close()
             async for raw in self.process.stdout:

@@ -192,3 +192,41 @@ def test_the_entry_point_answers_bad_input_in_one_line(tmp_path):
                          capture_output=True, text=True, timeout=120)
     events = [json.loads(line) for line in run.stdout.splitlines()]
     assert run.returncode == 1 and events[-1]["event"] == "error" and "online job" in events[-1]["message"]
+
+
+def test_the_refresh_and_the_repository_index_skip_the_same_documents(tmp_path, tok):
+    """One rule (specdec/repository/files.py document_reason): every document of a repository, sent as the editor's
+    buffer to the repository index and as an edited document to an online refresh, is used by both or by neither."""
+    import threading
+
+    from specdec.engine.drafters.repo_index import RepoIndex
+    from specdec.prompts import fim
+    from specdec.repository.build import document_key
+    from specdec.repository.indexer import WorkspaceIndexer
+    from specdec_finetune.online import OnlineJob, build_data
+
+    root = make_repo(tmp_path / "repo", files=2)
+    (root / "notes.md").write_text("# notes\nnothing to learn\n")  # not source code
+    (root / "build").mkdir()
+    (root / "build" / "out.py").write_text("x = 1\n")  # vendored (a build folder)
+    (root / "bundle.js").write_text("var b = 1;" * 150 + "\n")  # minified: one 1,500-character line
+    documents = {p.relative_to(root).as_posix(): p.read_bytes().decode("utf-8", "replace")
+                 for p in sorted(root.rglob("*")) if p.is_file() and ".git" not in p.relative_to(root).parts}
+    idle = threading.Event()
+    idle.set()
+    indexer = WorkspaceIndexer(RepoIndex(), idle=idle, debounce=0.0)
+    try:
+        indexer.open_root(root)
+        indexer.set_tokenizer(tok)
+        assert indexer.wait_settled(120), indexer.stats()
+        for path, text in documents.items():
+            indexer.update(root / path, text)
+        assert indexer.wait_settled(120), indexer.stats()
+        indexed = {path for path in documents if document_key(root / path) in set(indexer.index.keys())}
+    finally:
+        indexer.stop(timeout=10)
+    job = OnlineJob.parse({"workspace": str(root), "draft": "d", "target": "t",
+                           "edited": [{"path": p, "language": "python", "text": t} for p, t in documents.items()]})
+    trained = set(documents) - set(build_data(job, tok, fim.detect(tok)).dropped)
+    assert trained == indexed, (trained, indexed)
+    assert trained == {"mod_0.py", "mod_1.py"}, trained  # and every kind of refusal is among the documents
