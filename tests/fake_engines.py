@@ -20,21 +20,11 @@ closed the connection before the reply was complete); `done` is set after each P
 from __future__ import annotations
 
 import json
-import select
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-
-def _closed(sock: socket.socket) -> bool:
-    readable, _, _ = select.select([sock], [], [], 0)
-    if not readable:
-        return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
+from fake_llama_server import client_closed, send_json
 
 
 class FakeEngine:
@@ -77,12 +67,7 @@ class FakeEngine:
                     engine.done.set()
 
             def _json(self, status, body):
-                data = json.dumps(body).encode() if not isinstance(body, bytes) else body
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
         self.handler = Handler
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -228,7 +213,7 @@ class FakeEngine:
             if self.stall_after is not None and i == self.stall_after:
                 end = time.monotonic() + 30
                 while time.monotonic() < end:
-                    if _closed(handler.connection):
+                    if client_closed(handler.connection):
                         return "closed"
                     time.sleep(0.01)
                 return "done"
@@ -238,10 +223,10 @@ class FakeEngine:
             if self.token_delay_s:
                 end = time.monotonic() + self.token_delay_s
                 while time.monotonic() < end:
-                    if _closed(handler.connection):
+                    if client_closed(handler.connection):
                         return "closed"
                     time.sleep(0.005)
-            if _closed(handler.connection):
+            if client_closed(handler.connection):
                 return "closed"
             if self.garbage:
                 send(b"data: {not json\n\n")

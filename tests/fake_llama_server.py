@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import ClassVar
 
 
-def _closed(sock: socket.socket) -> bool:
+def client_closed(sock: socket.socket) -> bool:
     """The client closed its end (EOF readable), without consuming anything it might still send."""
     readable, _, _ = select.select([sock], [], [], 0)
     if not readable:
@@ -42,6 +42,16 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
+def send_json(handler: BaseHTTPRequestHandler, status: int, body) -> None:
+    """One whole JSON reply (body: an object, or bytes as they are)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     config: ClassVar[dict] = {}
@@ -49,13 +59,8 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
-    def _json(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def _json(self, status: int, body) -> None:
+        send_json(self, status, body)
 
     def do_GET(self) -> None:
         self._json(200, {"status": "ok"}) if self.path == "/health" else self._json(404, {"error": "not found"})
@@ -69,10 +74,10 @@ class Handler(BaseHTTPRequestHandler):
         """Sleep, watching the connection; False if the client closed it meanwhile."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            if _closed(self.connection):
+            if client_closed(self.connection):
                 return False
             time.sleep(0.005)
-        return not _closed(self.connection)
+        return not client_closed(self.connection)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -26,6 +26,33 @@ def notification(method: str, params=None) -> dict:
     return {"jsonrpc": "2.0", "method": method, **({} if params is None else {"params": params})}
 
 
+def unframe(data: bytes) -> list[dict]:
+    """Every message of a run of whole frames."""
+    found = []
+    while data:
+        header, _, rest = data.partition(b"\r\n\r\n")
+        length = int(header.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        found.append(json.loads(rest[:length]))
+        data = rest[length:]
+    return found
+
+
+class Capture:
+    """A writer for an in-process server (server.protocol.set_writer): keeps what it writes."""
+
+    def __init__(self):
+        self.out = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def close(self) -> None:
+        pass
+
+    def messages(self) -> list[dict]:
+        return unframe(bytes(self.out))
+
+
 class RawServer:
     """`specdec serve` over stdio; a thread parses well-formed replies from its stdout into a queue."""
 
@@ -39,6 +66,7 @@ class RawServer:
                                         start_new_session=True)
         self.replies: dict = {}  # id -> reply
         self.nulls: list[dict] = []  # error replies with id null
+        self.messages: list[dict] = []  # the server's window/showMessage params
         self._inbox: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -66,7 +94,9 @@ class RawServer:
             message = self._inbox.get(timeout=timeout)
         except queue.Empty:
             return False
-        if "method" in message:  # a request or notification from the server
+        if message.get("method") == "window/showMessage":
+            self.messages.append(message["params"])
+        elif "method" in message:  # a request or notification from the server
             if "id" in message:  # window/workDoneProgress/create and the like: say yes
                 self.send({"jsonrpc": "2.0", "id": message["id"], "result": None})
         elif message.get("id") is None:

@@ -3,7 +3,6 @@ exactly as before, at the cost of the change and the window, not the document.""
 
 import asyncio
 import copy
-import json
 from unittest import mock
 
 import pytest
@@ -176,26 +175,9 @@ def test_an_ascii_line_needs_no_reading_to_place_a_position():
 
 
 # -- over the wire: the issue's sequence, in process through the server's own reader ---------------------
-class Capture:
-    def __init__(self):
-        self.out = bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.out += data
-
-    def close(self) -> None:
-        pass
-
-    def replies(self) -> dict:
-        found, data = {}, bytes(self.out)
-        while data:
-            header, _, rest = data.partition(b"\r\n\r\n")
-            length = int(header.split(b"Content-Length: ")[1].split(b"\r\n")[0])
-            message = json.loads(rest[:length])
-            if "id" in message and "method" not in message:
-                found[message["id"]] = message
-            data = rest[length:]
-        return found
+def replies(capture: rc.Capture) -> dict:
+    """The replies written so far, by id."""
+    return {m["id"]: m for m in capture.messages() if "id" in m and "method" not in m}
 
 
 @pytest.fixture
@@ -204,7 +186,7 @@ async def served():
     from lsp_server.transport import Dispatcher
 
     server = create_server()
-    capture = Capture()
+    capture = rc.Capture()
     server.protocol.set_writer(capture)
     dispatcher = Dispatcher(server, lambda code: None)
     yield server, dispatcher, capture
@@ -213,14 +195,14 @@ async def served():
     server.host.executor.shutdown(wait=True)
 
 
-async def reply(capture: Capture, msg_id, ceiling: float = 120.0) -> dict:
+async def reply(capture: rc.Capture, msg_id, ceiling: float = 120.0) -> dict:
     """The reply once the server has written it (handlers that await run on this loop)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ceiling
-    while msg_id not in capture.replies():
+    while msg_id not in replies(capture):
         assert loop.time() < deadline, f"no reply to {msg_id!r}"
         await asyncio.sleep(0.01)
-    return capture.replies()[msg_id]
+    return replies(capture)[msg_id]
 
 
 async def test_the_issue_sequence_is_answered_with_the_edited_text(served, tmp_path, no_pygls_lines):

@@ -18,23 +18,10 @@ SOURCE = "def add(a, b):\n    \n\nprint(add(1, 2))\n"
 
 
 # -- in process: the dispatcher answers what pygls would drop ---------------------------------------
-class Capture:
-    def __init__(self):
-        self.out = bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.out += data
-
-    def close(self) -> None:
-        pass
-
+class Capture(rc.Capture):
     def replies(self) -> list[dict]:
-        found, data = [], bytes(self.out)
-        while data:
-            header, _, rest = data.partition(b"\r\n\r\n")
-            length = int(header.split(b"Content-Length: ")[1].split(b"\r\n")[0])
-            found.append(json.loads(rest[:length]))
-            data = rest[length:]
+        """The replies written since the last call."""
+        found = self.messages()
         self.out.clear()
         return [r for r in found if "method" not in r]
 

@@ -6,7 +6,6 @@ and the API key in no output of the server."""
 from __future__ import annotations
 
 import json
-import queue
 import socket
 import threading
 import time
@@ -24,7 +23,7 @@ UTIL = "def sub(a, b):\n    return a - b\n"
 
 
 class Server(rc.RawServer):
-    """RawServer keeping the server's window/showMessage notifications."""
+    """RawServer started with an engine API key in its environment."""
 
     def __init__(self, tmp_path, key: str = KEY, args=()):
         import os
@@ -34,23 +33,6 @@ class Server(rc.RawServer):
             super().__init__(tmp_path, args)
         finally:
             del os.environ["SPECDEC_ENGINE_API_KEY"]
-        self.messages: list[dict] = []
-
-    def _drain(self, timeout: float) -> bool:
-        try:
-            message = self._inbox.get(timeout=timeout)
-        except queue.Empty:
-            return False
-        if message.get("method") == "window/showMessage":
-            self.messages.append(message["params"])
-        elif "method" in message:  # a request from the server (progress and the like): say yes
-            if "id" in message:
-                self.send({"jsonrpc": "2.0", "id": message["id"], "result": None})
-        elif message.get("id") is None:
-            self.nulls.append(message)
-        else:
-            self.replies[message["id"]] = message
-        return True
 
     def start(self, engine: str, url: str, **options):
         self.initialize({"engine": engine, "engineUrl": url, "debounceMs": 0, **options})

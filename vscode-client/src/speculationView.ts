@@ -6,6 +6,8 @@
 // shows the target's p and the draft's q (recorded from the first time this view asks). A pass whose draft
 // branched is drawn as its tree. Self-contained: nothing is loaded from the network.
 
+import { webviewPage } from "./webview";
+
 export interface TracePass {
   prefill: boolean; tokens: number[]; parents: number[]; sources: string[]; path: number[]; next_token: number;
   next: string; depth: number; plan: { parents: number[]; ranks: number[] } | null; p: number[] | null;
@@ -82,15 +84,7 @@ export function speculationRuns(trace: Trace): Run[] {
   return out;
 }
 
-export function speculationHtml(cspSource: string): string {
-  const nonce = Math.random().toString(36).slice(2);
-  return `<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy"
-  content="default-src 'none'; style-src ${cspSource} 'unsafe-inline'; script-src 'nonce-${nonce}';">
-<style>
-  body { font-family: var(--vscode-font-family); color: var(--vscode-foreground); padding: 0 1em; }
-  pre { font-family: var(--vscode-editor-font-family); font-size: var(--vscode-editor-font-size);
+const SPECULATION_STYLE = `  pre { font-family: var(--vscode-editor-font-family); font-size: var(--vscode-editor-font-size);
         white-space: pre-wrap; background: var(--vscode-editor-background); padding: 0.6em; border-radius: 4px; }
   .draft { color: #3fb950; } .lookup { color: #39c5cf; } .index { color: #d2a8ff; }
   .bonus { color: #e3b341; font-weight: bold; } .correction { color: #f85149; font-weight: bold; }
@@ -102,19 +96,18 @@ export function speculationHtml(cspSource: string): string {
   tr.branched td { text-align: left; }  /* a tree reads from the left: right-aligned, its indentation is lost */
   ul.tree { list-style: none; margin: 0.2em 0 0.2em 1.2em; padding: 0; font-family: var(--vscode-editor-font-family); }
   ul.tree li::before { content: "└ "; opacity: 0.5; }
-  .legend span { margin-right: 1.2em; } .muted { opacity: 0.7; }
-</style></head>
-<body>
-<h2>Speculation of the last completion</h2>
+  .legend span { margin-right: 1.2em; } .muted { opacity: 0.7; }`;
+
+const SPECULATION_BODY = `<h2>Speculation of the last completion</h2>
 <div id="header" class="muted">no completion of this document yet: ask for one, then run this command again</div>
 <div class="legend"><span class="draft">draft model</span><span class="lookup">prompt lookup</span>
 <span class="index">repository index</span><span class="bonus">bonus</span><span class="correction">correction</span>
 <span class="rejected">rejected drafts</span><span>plain: the target alone</span></div>
 <pre id="completion"></pre>
 <h3>Per drafter source: measured beside (1 − α^(k+1)) / (1 − α)</h3><table id="summary"></table>
-<h3>Passes</h3><div id="passes" class="passes"></div>
-<script nonce="${nonce}">
-${speculationRuns.toString()}
+<h3>Passes</h3><div id="passes" class="passes"></div>`;
+
+const SPECULATION_SCRIPT = `${speculationRuns.toString()}
 const esc = s => String(s).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})[c]);
 const KINDS = { "draft": "draft", "draft-tree": "draft", "lookup": "lookup", "lookup-tree": "lookup", "repo": "index" };
 const num = (v, d) => v === null || v === undefined ? "–" : v.toFixed(d);
@@ -168,6 +161,8 @@ function show(message) {
     }).join("") + "</table>";
 }
 window.addEventListener("message", event => show(event.data));
-acquireVsCodeApi().postMessage("ready");  // a trace posted before the script ran was lost: ask again
-</script></body></html>`;
+acquireVsCodeApi().postMessage("ready");  // a trace posted before the script ran was lost: ask again`;
+
+export function speculationHtml(cspSource: string): string {
+  return webviewPage(cspSource, SPECULATION_STYLE, SPECULATION_BODY, SPECULATION_SCRIPT);
 }

@@ -2,22 +2,15 @@
 // via postMessage.
 // Self-contained (no CDN, no bundled chart library): everything stays local.
 
-export function statsHtml(cspSource: string): string {
-  const nonce = Math.random().toString(36).slice(2);
-  return `<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy"
-  content="default-src 'none'; style-src ${cspSource} 'unsafe-inline'; script-src 'nonce-${nonce}';">
-<style>
-  body { font-family: var(--vscode-font-family); color: var(--vscode-foreground); padding: 0 1em; }
-  table { border-collapse: collapse; margin: 1em 0; }
+import { webviewPage } from "./webview";
+
+const STATS_STYLE = `  table { border-collapse: collapse; margin: 1em 0; }
   td, th { padding: 2px 10px; text-align: right; border-bottom: 1px solid var(--vscode-panel-border); }
   th:first-child, td:first-child { text-align: left; }
   canvas { width: 100%; max-width: 760px; height: 220px; display: block; margin-bottom: 1.2em; }
-  .muted { opacity: 0.7; }
-</style></head>
-<body>
-<h2>specdec</h2>
+  .muted { opacity: 0.7; }`;
+
+const STATS_BODY = `<h2>specdec</h2>
 <div id="model" class="muted">waiting for the server…</div>
 <table id="table"></table>
 <h3>Acceptance rate over time</h3><canvas id="acceptance"></canvas>
@@ -25,9 +18,9 @@ export function statsHtml(cspSource: string): string {
 <h3>Time to suggestion, p50 (ms)</h3><canvas id="latency"></canvas>
 <h3>Suggestions you accepted</h3><canvas id="user"></canvas>
 <h3>Per drafter source</h3><table id="sources"></table>
-<h3>Acceptance rate per drafter source</h3><canvas id="sourceAcceptance"></canvas>
-<script nonce="${nonce}">
-const COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7"];
+<h3>Acceptance rate per drafter source</h3><canvas id="sourceAcceptance"></canvas>`;
+
+const STATS_SCRIPT = `const COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7"];
 const fmt = (v, d, pct) => v === null || v === undefined ? "–" : pct ? Math.round(v * 100) + "%" : v.toFixed(d);
 function table(stats) {
   const rows = Object.entries(stats.languages);
@@ -91,6 +84,8 @@ window.addEventListener("message", (event) => {
   const sources = stats.sources || NO_SOURCES;
   sourceTable(sources);
   chart("sourceAcceptance", Object.fromEntries(sources.timeline.map(s => [s.source, s.points])), "acceptance_rate", 1);
-});
-</script></body></html>`;
+});`;
+
+export function statsHtml(cspSource: string): string {
+  return webviewPage(cspSource, STATS_STYLE, STATS_BODY, STATS_SCRIPT);
 }

@@ -80,16 +80,60 @@ void check_f32(const at::Tensor& t, const char* op, const char* what, int64_t di
   TORCH_CHECK(t.dim() == dim, op, ": ", what, " must have ", dim, " dimensions, got shape ", t.sizes());
 }
 
+// one int64 entry per row: positions, slots, prefix lengths
+void check_per_row(const at::Tensor& t, const char* op, const char* what, int64_t n) {
+  TORCH_CHECK(t.scalar_type() == at::kLong && t.dim() == 1 && t.size(0) == n, op, ": ", what,
+              " must be int64 [n] with n = ", n);
+}
+
+// x [n, d] and its norm's weight [d]
+void check_norm(const at::Tensor& x, const at::Tensor& weight, const char* op) {
+  check_f32(x, op, "x", 2);
+  check_f32(weight, op, "weight", 1);
+  TORCH_CHECK(weight.size(0) == x.size(1), op, ": weight has ", weight.size(0), " elements, x rows have ", x.size(1));
+}
+
+// RoPE's cos and sin tables for head size D: [P, D/2] (or HF's [P, D], whose halves are equal), of one shape
+void check_tables(const at::Tensor& cos, const at::Tensor& sin, const char* op, int64_t D) {
+  check_f32(cos, op, "cos", 2);
+  check_f32(sin, op, "sin", 2);
+  TORCH_CHECK(cos.sizes() == sin.sizes(), op, ": cos ", cos.sizes(), " and sin ", sin.sizes(), " differ in shape");
+  TORCH_CHECK(cos.size(1) == D / 2 || cos.size(1) == D, op, ": the tables must be [P, D/2] (or HF's [P, D], ",
+              "whose halves are equal), got ", cos.sizes(), " for D = ", D);
+}
+
+// every position a row of the tables (P rows)
+void check_positions(const int64_t* positions, int64_t n, int64_t P, const char* op) {
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(positions[i] >= 0 && positions[i] < P, op, ": positions[", i, "] = ", positions[i],
+                " is outside the tables' ", P, " rows");
+}
+
+// the KV caches: [Hk, S, D] of one shape, both bfloat16 or both float32, on the CPU, the same strides and
+// contiguous rows. Returns whether they hold bfloat16.
+bool check_caches(const at::Tensor& k_cache, const at::Tensor& v_cache, const char* op) {
+  TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(), op, ": the caches must be on the CPU");
+  TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3, op, ": k_cache and v_cache must be [Hk, S, D], got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), op, ": k_cache ", k_cache.sizes(), " and v_cache ",
+              v_cache.sizes(), " differ in shape");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), op, ": k_cache and v_cache differ in dtype");
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || k_cache.scalar_type() == at::kFloat, op, ": the caches must be bfloat16 or float32, got ",
+              k_cache.scalar_type());
+  TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1 && k_cache.strides() == v_cache.strides(), op,
+              ": k_cache and v_cache need the same strides and contiguous rows");
+  return bf16;
+}
+
 // rows per task so that a task holds about `work` elements: small batches stay on one thread
 int64_t grain_rows(int64_t row_elems, int64_t work = 1 << 15) {
   return std::max<int64_t>(1, work / std::max<int64_t>(1, row_elems));
 }
 
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight_in, double eps) {
-  check_f32(x_in, "rms_norm", "x", 2);
-  check_f32(weight_in, "rms_norm", "weight", 1);
+  check_norm(x_in, weight_in, "rms_norm");
   const int64_t n = x_in.size(0), d = x_in.size(1);
-  TORCH_CHECK(weight_in.size(0) == d, "rms_norm: weight has ", weight_in.size(0), " elements, x rows have ", d);
   const int isa = current();
   at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   at::Tensor out = at::empty({n, d}, x.options());
@@ -109,14 +153,12 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight_in, double 
 }
 
 at::Tensor add_rms_norm(const at::Tensor& x_in, at::Tensor& residual, const at::Tensor& weight_in, double eps) {
-  check_f32(x_in, "add_rms_norm", "x", 2);
+  check_norm(x_in, weight_in, "add_rms_norm");
   check_f32(residual, "add_rms_norm", "residual", 2);
-  check_f32(weight_in, "add_rms_norm", "weight", 1);
   TORCH_CHECK(x_in.sizes() == residual.sizes(), "add_rms_norm: x ", x_in.sizes(), " and residual ",
               residual.sizes(), " differ in shape");
   TORCH_CHECK(residual.is_contiguous(), "add_rms_norm: residual must be contiguous (it is updated in place)");
   const int64_t n = x_in.size(0), d = x_in.size(1);
-  TORCH_CHECK(weight_in.size(0) == d, "add_rms_norm: weight has ", weight_in.size(0), " elements, rows have ", d);
   const int isa = current();
   at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   at::Tensor out = at::empty({n, d}, x.options());
@@ -180,22 +222,15 @@ at::Tensor exp_op(const at::Tensor& x_in) {
 at::Tensor rope(const at::Tensor& x, const at::Tensor& positions_in, const at::Tensor& cos_in,
                 const at::Tensor& sin_in) {
   check_f32(x, "rope", "x", 3);
-  check_f32(cos_in, "rope", "cos", 2);
-  check_f32(sin_in, "rope", "sin", 2);
-  const int64_t n = x.size(0), H = x.size(1), D = x.size(2), P = cos_in.size(0);
+  const int64_t n = x.size(0), H = x.size(1), D = x.size(2);
   TORCH_CHECK(D % 2 == 0, "rope: the head size must be even, got ", D);
   TORCH_CHECK(x.stride(2) == 1, "rope: x's last dimension must be contiguous");
-  TORCH_CHECK(cos_in.sizes() == sin_in.sizes(), "rope: cos ", cos_in.sizes(), " and sin ", sin_in.sizes(),
-              " differ in shape");
-  TORCH_CHECK(cos_in.size(1) == D / 2 || cos_in.size(1) == D, "rope: the tables must be [P, D/2] (or HF's [P, D], ",
-              "whose halves are equal), got ", cos_in.sizes(), " for D = ", D);
-  TORCH_CHECK(positions_in.scalar_type() == at::kLong && positions_in.dim() == 1 && positions_in.size(0) == n,
-              "rope: positions must be int64 [n] with n = ", n);
+  check_tables(cos_in, sin_in, "rope", D);
+  check_per_row(positions_in, "rope", "positions", n);
   const int isa = current();
   at::Tensor positions = positions_in.contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
   const int64_t* pp = positions.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(pp[i] >= 0 && pp[i] < P, "rope: positions[", i, "] = ", pp[i], " is outside the tables' ", P, " rows");
+  check_positions(pp, n, cos.size(0), "rope");
   at::Tensor out = at::empty({n, H, D}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
@@ -221,32 +256,20 @@ at::Tensor qkv_rope_cache(const at::Tensor& qkv_in, const std::optional<at::Tens
                           at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots_in, int64_t num_heads) {
   const char* op = "qkv_rope_cache";
   check_f32(qkv_in, op, "qkv", 2);
-  check_f32(cos_in, op, "cos", 2);
-  check_f32(sin_in, op, "sin", 2);
-  TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(), op, ": k_cache and v_cache must be [Hk, S, D] ",
-              "of one shape, got ", k_cache.sizes(), " and ", v_cache.sizes());
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
-                  (k_cache.scalar_type() == at::kBFloat16 || k_cache.scalar_type() == at::kFloat),
-              op, ": the caches must both be bfloat16 or both float32");
-  TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(), op, ": the caches must be on the CPU");
-  TORCH_CHECK(k_cache.stride(2) == 1 && k_cache.strides() == v_cache.strides(), op,
-              ": k_cache and v_cache need the same strides and contiguous rows");
+  const bool bf16 = check_caches(k_cache, v_cache, op);
   const int64_t n = qkv_in.size(0), Hq = num_heads, Hk = k_cache.size(0), S = k_cache.size(1), D = k_cache.size(2);
   TORCH_CHECK(Hq >= 1 && D % 2 == 0 && D <= 256, op, ": need num_heads >= 1 and an even head size <= 256");
   TORCH_CHECK(qkv_in.size(1) == (Hq + 2 * Hk) * D, op, ": qkv rows have ", qkv_in.size(1), " columns, expected (",
               Hq, " + 2 * ", Hk, ") * ", D);
-  TORCH_CHECK(cos_in.sizes() == sin_in.sizes() && (cos_in.size(1) == D / 2 || cos_in.size(1) == D), op,
-              ": cos and sin must be [P, D/2] (or [P, D]) of one shape, got ", cos_in.sizes(), " and ", sin_in.sizes());
+  check_tables(cos_in, sin_in, op, D);
   at::Tensor bias;
   if (bias_in.has_value()) {
     bias = bias_in->contiguous();
     check_f32(bias, op, "bias", 1);
     TORCH_CHECK(bias.size(0) == qkv_in.size(1), op, ": bias has ", bias.size(0), " elements, qkv rows ", qkv_in.size(1));
   }
-  TORCH_CHECK(positions_in.scalar_type() == at::kLong && positions_in.dim() == 1 && positions_in.size(0) == n, op,
-              ": positions must be int64 [n] with n = ", n);
-  TORCH_CHECK(slots_in.scalar_type() == at::kLong && slots_in.dim() == 1 && slots_in.size(0) == n, op,
-              ": slots must be int64 [n] with n = ", n);
+  check_per_row(positions_in, op, "positions", n);
+  check_per_row(slots_in, op, "slots", n);
   const int isa = current();
   at::Tensor qkv = qkv_in.contiguous(), positions = positions_in.contiguous(), slots = slots_in.contiguous();
   at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
@@ -254,9 +277,8 @@ at::Tensor qkv_rope_cache(const at::Tensor& qkv_in, const std::optional<at::Tens
   const int64_t* sp = slots.data_ptr<int64_t>();
   std::vector<int64_t> seen(sp, sp + n);
   std::sort(seen.begin(), seen.end());
+  check_positions(pp, n, cos.size(0), op);
   for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK(pp[i] >= 0 && pp[i] < cos.size(0), op, ": positions[", i, "] = ", pp[i], " is outside the tables' ",
-                cos.size(0), " rows");
     TORCH_CHECK(seen[i] >= 0 && seen[i] < S, op, ": slot ", seen[i], " is outside the cache's ", S, " slots");
     TORCH_CHECK(i == 0 || seen[i] != seen[i - 1], op, ": slot ", seen[i], " is written by two rows");
   }
@@ -266,7 +288,6 @@ at::Tensor qkv_rope_cache(const at::Tensor& qkv_in, const std::optional<at::Tens
   const float* cp = cos.data_ptr<float>();
   const float* snp = sin.data_ptr<float>();
   float* qp = q.data_ptr<float>();
-  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
   const size_t elem = bf16 ? 2 : 4;
   char* kb = static_cast<char*>(k_cache.data_ptr());
   char* vb = static_cast<char*>(v_cache.data_ptr());
@@ -293,24 +314,13 @@ constexpr int64_t MAX_GROUP = 8;
 at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& prefix_in, const at::Tensor& extra_in, double scale) {
   check_f32(q_in, "attention", "q", 3);
-  TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(), "attention: the caches must be on the CPU");
-  TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3, "attention: k_cache and v_cache must be [Hk, S, D], got ",
-              k_cache.sizes(), " and ", v_cache.sizes());
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "attention: k_cache ", k_cache.sizes(), " and v_cache ",
-              v_cache.sizes(), " differ in shape");
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "attention: k_cache and v_cache differ in dtype");
-  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(bf16 || k_cache.scalar_type() == at::kFloat, "attention: the caches must be bfloat16 or float32, got ",
-              k_cache.scalar_type());
-  TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1 && k_cache.strides() == v_cache.strides(),
-              "attention: k_cache and v_cache need the same strides and contiguous rows");
+  const bool bf16 = check_caches(k_cache, v_cache, "attention");
   const int64_t n = q_in.size(0), Hq = q_in.size(1), D = q_in.size(2);
   const int64_t Hk = k_cache.size(0), S = k_cache.size(1);
   TORCH_CHECK(k_cache.size(2) == D, "attention: q has head size ", D, ", the cache ", k_cache.size(2));
   TORCH_CHECK(D >= 1 && D <= 256, "attention: head size must be 1..256, got ", D);
   TORCH_CHECK(Hk >= 1 && Hq % Hk == 0, "attention: ", Hq, " query heads do not divide into ", Hk, " kv heads");
-  TORCH_CHECK(prefix_in.scalar_type() == at::kLong && prefix_in.dim() == 1 && prefix_in.size(0) == n,
-              "attention: prefix must be int64 [n] with n = ", n);
+  check_per_row(prefix_in, "attention", "prefix", n);
   TORCH_CHECK(extra_in.scalar_type() == at::kLong && extra_in.dim() == 2 && extra_in.size(0) == n,
               "attention: extra must be int64 [n, E] with n = ", n);
   const int isa = current();
