@@ -134,6 +134,33 @@ def quantize_q4k(weight: torch.Tensor) -> np.ndarray:
     return blocks.reshape(out, -1)
 
 
+INT4_SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)  # group ranges tried by int4_groups, the least squared error kept
+
+
+def int4_groups(weight: torch.Tensor) -> Int4Codes:
+    """A float weight [out, in] (in % 32 == 0) -> asymmetric int4 per group of 32, W4A8's form: per group the
+    range [lo, hi] shrunk towards its middle by each INT4_SHRINK factor, the one of least squared error kept (a
+    clipped outlier costs less than a coarser step for the other 31), scale and zero rounded to bf16 first as
+    w4a8.pack stores them, so the codes are rounded against what the kernel reads."""
+    out, in_features = weight.shape
+    w = weight.detach().float().reshape(out, in_features // GROUP, GROUP)
+    lo, hi = w.amin(-1), w.amax(-1)
+    middle, half = (hi + lo) / 2, (hi - lo) / 2
+    best = None
+    for shrink in INT4_SHRINK:
+        scale = (2 * half * shrink / 15).clamp(min=1e-12).to(torch.bfloat16).float()
+        zero = (middle - half * shrink + 8 * scale).to(torch.bfloat16).float()  # w = (code - 8) * scale + zero
+        codes = ((w - zero[..., None]) / scale[..., None] + 8).round().clamp(0, 15)
+        error = ((codes - 8) * scale[..., None] + zero[..., None] - w).pow(2).sum(-1)
+        if best is None:
+            best = [codes, scale, zero, error]
+        else:
+            better = error < best[3]
+            best = [torch.where(better[..., None], codes, best[0]), torch.where(better, scale, best[1]),
+                    torch.where(better, zero, best[2]), torch.minimum(error, best[3])]
+    return Int4Codes(best[0].to(torch.uint8).reshape(out, in_features), best[1], best[2])
+
+
 def int8_per_channel(weight: torch.Tensor) -> Int8Codes:
     """Symmetric round-to-nearest int8 per output channel."""
     w = weight.detach().float()

@@ -135,17 +135,21 @@ def load_pair(target_spec: str, draft_spec: str | None, dtype: str = "auto", dra
 
 def load_draft(draft_spec: str, target: LoadedModel, dtype: str = "auto", draft_quant: str = "int8",
                device: str | None = None, adapter: str | None = None, forward: str = "auto",
-               switchable: bool = False) -> LoadedModel:
+               switchable: bool = False, native_form: str | None = None) -> LoadedModel:
     """The draft as the engine runs it beside `target`, checked against its tokenizer. On the native forward
     (specdec.native.loading.choose_draft: a Qwen2 GGUF, draft_quant int8) its GGUF's codes as they are, an adapter
     beside them (specdec.native.lora); on transformers the adapter folded in, then quantized (a benchmark loads
     several of these beside one target). switchable: per-request adapters will be switched on it
-    (specdec.backends.local.build), so a transformers draft is left unquantized for SwitchableDraft to wrap."""
-    from specdec.native.loading import choose_draft, load_native
+    (specdec.backends.local.build), so a transformers draft is left unquantized for SwitchableDraft to wrap.
+    native_form: the native draft's weights, one of NATIVE_DRAFT_FORMS (None: NATIVE_DRAFT_FORM; a benchmark's
+    other form)."""
+    from specdec.native.loading import NATIVE_DRAFT_FORM, NATIVE_DRAFT_FORMS, choose_draft, load_native
 
+    if (native_form or NATIVE_DRAFT_FORM) not in NATIVE_DRAFT_FORMS:
+        raise SpecdecError(f"unknown native draft form {native_form!r}; use one of {', '.join(NATIVE_DRAFT_FORMS)}")
     gguf = choose_draft(forward, draft_spec, torch_device(device), draft_quant)
     if gguf is not None:
-        model, tokenizer = load_native(draft_spec, gguf)
+        model, tokenizer = load_native(draft_spec, gguf, int4=(native_form or NATIVE_DRAFT_FORM) == "int4")
         check_same_tokenizer(target.tokenizer, tokenizer, target.spec, draft_spec)
         if adapter:
             from specdec.native.lora import NativeAdapters

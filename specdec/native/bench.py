@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-forward", choices=("native", "transformers"), default=None,
                    help="the draft's forward when it differs from --forward (transformers: today's int8 draft beside "
                         "a native target)")
+    p.add_argument("--draft-form", choices=("int4", "int8"), default=None,
+                   help="the native draft's weights beside its Q4_K codes (default: the loader's, NATIVE_DRAFT_FORM)")
     p.add_argument("--adapter", default="", help="a LoRA adapter folder for the draft (the side matmuls' cost)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); 1 keeps a shared "
                    "machine's scheduling out of the figure")
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     pair = load_pair(args.target, None, target_quant="auto", forward=args.forward)  # the default configuration
     if args.draft:
         pair.draft = load_draft(args.draft, pair.target, adapter=args.adapter or None,
-                                forward=args.draft_forward or args.forward)
+                                forward=args.draft_forward or args.forward, native_form=args.draft_form)
     load_s = time.perf_counter() - started
     ids = pair.target.tokenizer.encode("def fibonacci(n):\n    " * 200)[: args.context]
     line = f"{args.forward}: load {load_s:.1f} s, threads {torch.get_num_threads()}"
@@ -78,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         times, cpu = step_times(lm, ids, args.steps)
         steps[role] = times[len(times) // 2]
         kind = "native" if callable(getattr(loaded.model, "new_cached_lm", None)) else "transformers"
-        quant = pair.target_quant if role == "target" else ("int4+int8" if kind == "native" else "int8")
+        quant = pair.target_quant if role == "target" else "int8"
+        if role == "draft" and kind == "native":
+            from specdec.native.loading import NATIVE_DRAFT_FORM
+
+            quant = f"Q4_K + {args.draft_form or NATIVE_DRAFT_FORM}"
         line += (f"; {role} {loaded.spec} ({kind}, {quant}) plain step at {args.context} context: median "
                  f"{1000 * steps[role]:.1f} ms, best {1000 * times[0]:.1f} ms, CPU time median "
                  f"{1000 * sorted(cpu)[len(cpu) // 2]:.1f} ms ({len(times)} steps)")

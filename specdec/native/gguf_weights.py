@@ -29,8 +29,8 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.models import w4a8
-from specdec.models.gguf_codes import (PERMUTED_QK, GGUFTensor, Int4Codes, Int8Codes, int8_per_channel, q4k_codes,
-                                       unpermute, unpermuted_rows)
+from specdec.models.gguf_codes import (PERMUTED_QK, GGUFTensor, Int4Codes, Int8Codes, int4_groups, int8_per_channel,
+                                       q4k_codes, unpermute, unpermuted_rows)
 from specdec.native.layers import Linear
 
 ARCHITECTURES = ("qwen2", "llama")
@@ -123,8 +123,9 @@ class Embedding:
         return GGUFTensor(self.qtype.name, self.data, (self.rows, self.width))
 
 
-def _codes(tensor: GGUFTensor, dense: bool) -> Int4Codes | Int8Codes | torch.Tensor:
-    """The form a matrix runs in: Q4_K codes as they are, anything else int8 per channel (fp32 when dense)."""
+def _codes(tensor: GGUFTensor, dense: bool, int4: bool = False) -> Int4Codes | Int8Codes | torch.Tensor:
+    """The form a matrix runs in: Q4_K codes as they are, anything else int8 per channel (fp32 when dense; int4
+    per group of 32 when int4, a draft's cheaper step: gguf_codes.int4_groups)."""
     if dense:
         return tensor.dequantize().clone()
     if tensor.qtype == "Q4_K" and w4a8.tiles(*tensor.shape):
@@ -133,9 +134,12 @@ def _codes(tensor: GGUFTensor, dense: bool) -> Int4Codes | Int8Codes | torch.Ten
         raise SpecdecError(f"a {tensor.shape[0]}x{tensor.shape[1]} matrix does not fit the W4A8/W8A8 tiles "
                            f"(out % {w4a8.TILE_N}, in % {w4a8.GROUP}): the native forward cannot run this model")
     # rows a slice at a time (per channel, so exact): the vocabulary's output layer never sits in memory as floats
-    parts = [int8_per_channel(GGUFTensor(tensor.qtype, tensor.data[r : r + CONVERT_ROWS],
-                                         (min(CONVERT_ROWS, tensor.shape[0] - r), tensor.shape[1])).dequantize())
+    parts = [(int4_groups if int4 else int8_per_channel)(
+                 GGUFTensor(tensor.qtype, tensor.data[r : r + CONVERT_ROWS],
+                            (min(CONVERT_ROWS, tensor.shape[0] - r), tensor.shape[1])).dequantize())
              for r in range(0, tensor.shape[0], CONVERT_ROWS)]
+    if int4:
+        return Int4Codes(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "zero")))
     return Int8Codes(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]))
 
 
@@ -259,9 +263,9 @@ def read_config(reader) -> Qwen2Config:
         rope_scale=_rope_scale(reader, arch), architecture=arch)
 
 
-def read_qwen2(path: Path | str, dense: bool = False) -> Qwen2Weights:
+def read_qwen2(path: Path | str, dense: bool = False, int4: bool = False) -> Qwen2Weights:
     """The GGUF at path (any of ARCHITECTURES) as the native model's weights (see the module's docstring for
-    what becomes what)."""
+    what becomes what; int4: the matrices that are not Q4_K rounded to int4 per group of 32, not int8 per channel)."""
     from gguf import GGUFReader
 
     path = Path(path)
@@ -303,19 +307,20 @@ def read_qwen2(path: Path | str, dense: bool = False) -> Qwen2Weights:
     layers = []
     for i in range(config.layers):
         b = f"blk.{i}."
-        qkv = [_codes(projection(f"{b}attn_{x}.weight", x), dense) for x in "qkv"]
+        qkv = [_codes(projection(f"{b}attn_{x}.weight", x), dense, int4) for x in "qkv"]
         biases = [projection_bias(f"{b}attn_{x}.bias", x) for x in "qkv"]
         bias = None
         if any(v is not None for v in biases):
             bias = torch.cat([v if v is not None else torch.zeros(_rows(c)) for c, v in zip(qkv, biases)])
         layers.append(LayerWeights(
             attn_norm=vector(f"{b}attn_norm.weight"), qkv=_concat([(c, None) for c in qkv]), qkv_bias=bias,
-            o=_linear(_codes(matrix(f"{b}attn_output.weight"), dense), vector(f"{b}attn_output.bias", False)),
+            o=_linear(_codes(matrix(f"{b}attn_output.weight"), dense, int4), vector(f"{b}attn_output.bias", False)),
             ffn_norm=vector(f"{b}ffn_norm.weight"),
-            gate_up=_concat([(_codes(matrix(f"{b}ffn_{x}.weight"), dense), None) for x in ("gate", "up")]),
-            down=_linear(_codes(matrix(f"{b}ffn_down.weight"), dense), None)))
+            gate_up=_concat([(_codes(matrix(f"{b}ffn_{x}.weight"), dense, int4), None) for x in ("gate", "up")]),
+            down=_linear(_codes(matrix(f"{b}ffn_down.weight"), dense, int4), None)))
     embd = raw["token_embd.weight"]
     embedding = Embedding(path, int(embd.data_offset), embd.tensor_type.name, config.vocab, config.hidden)
     output = matrix("output.weight") if "output.weight" in raw else embedding.tensor()
-    return Qwen2Weights(config, embedding, layers, vector("output_norm.weight"), _linear(_codes(output, dense), None),
+    return Qwen2Weights(config, embedding, layers, vector("output_norm.weight"),
+                        _linear(_codes(output, dense, int4), None),
                         path)

@@ -69,7 +69,13 @@ def choose(forward: str, spec: str, device: str = "cpu", target_quant: str = "au
     return gguf
 
 
-NATIVE_DRAFT_QUANT = "int8"  # the draft quantization the native draft stands for: the GGUF's codes, int8 elsewhere
+NATIVE_DRAFT_QUANT = "int8"  # the draft quantization the native draft stands for (its form: NATIVE_DRAFT_FORM)
+# The native draft's weights at draftQuant int8: its Q4_K codes as they are and every other matrix int4 per group
+# of 32 (gguf_weights.read_qwen2's int4 form) rather than int8 per channel like the target's: 0.65x the bytes a
+# step reads, for a greedy agreement with the target 2 points lower (docs/benchmarks.md, *The draft on the native
+# forward*). The draft only proposes: its rounding changes how much is accepted, never the output.
+NATIVE_DRAFT_FORMS = ("int4", "int8")
+NATIVE_DRAFT_FORM = "int4"
 
 
 def choose_draft(forward: str, spec: str, device: str = "cpu", draft_quant: str = NATIVE_DRAFT_QUANT) -> Path | None:
@@ -114,14 +120,14 @@ def tokenizer_for(spec: str, gguf: Path):
                            ) from None
 
 
-def load_native(spec: str, gguf: Path, capacity: int | None = None):
-    """(NativeModel, tokenizer) for spec's GGUF."""
+def load_native(spec: str, gguf: Path, capacity: int | None = None, int4: bool = False):
+    """(NativeModel, tokenizer) for spec's GGUF (int4: gguf_weights.read_qwen2's int4 form, the native draft's)."""
     from specdec.native.lm import CAPACITY, NativeModel
     from specdec.native.qwen2 import Qwen2
     from specdec.native.weights_cache import read_qwen2_cached
 
     started = time.perf_counter()
-    weights = read_qwen2_cached(gguf)
+    weights = read_qwen2_cached(gguf, int4=True) if int4 else read_qwen2_cached(gguf)
     model = NativeModel(Qwen2(weights), capacity or CAPACITY)
     print(f"specdec: {spec} on the native forward ({weights.nbytes() / 2**30:.2f} GiB of weights, "
           f"{time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)

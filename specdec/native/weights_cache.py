@@ -30,29 +30,33 @@ from specdec.paths import quantized_dir
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when what a stored entry means changes
+INT4_ROUNDING = "int4_groups v1"  # what an int4 file's rounding is (gguf_codes.int4_groups): in its key
 
 
-def cache_key(gguf: Path) -> dict:
-    return {"format": CACHE_FORMAT, "layout": f"{w4a8.PACK_LAYOUT}; {w4a8.PACK8_LAYOUT}", "torch": torch.__version__,
-            "gguf": {"size": gguf.stat().st_size, "sha256": content_digest(gguf)}}
+def cache_key(gguf: Path, int4: bool = False) -> dict:
+    key = {"format": CACHE_FORMAT, "layout": f"{w4a8.PACK_LAYOUT}; {w4a8.PACK8_LAYOUT}", "torch": torch.__version__,
+           "gguf": {"size": gguf.stat().st_size, "sha256": content_digest(gguf)}}
+    return {**key, "int4": INT4_ROUNDING} if int4 else key
 
 
-def cache_path(gguf: Path) -> Path:
-    """One file per GGUF path: a changed GGUF overwrites its file instead of adding one."""
-    name = hashlib.sha256(str(gguf.resolve()).encode()).hexdigest()[:12]
+def cache_path(gguf: Path, int4: bool = False) -> Path:
+    """One file per GGUF path and form (int8 or int4 beside the Q4_K codes): a changed GGUF overwrites its file
+    instead of adding one. native-<GGUF stem>-<hash>.pt either way, as specdec.models.cache_inventory reads it."""
+    name = hashlib.sha256(f"{gguf.resolve()}{':int4' if int4 else ''}".encode()).hexdigest()[:12]
     return quantized_dir() / f"native-{gguf.stem}-{name}.pt"
 
 
-def read_qwen2_cached(gguf: Path | str) -> Qwen2Weights:
-    """gguf_weights.read_qwen2, from the cache when it holds this GGUF's conversion."""
+def read_qwen2_cached(gguf: Path | str, int4: bool = False) -> Qwen2Weights:
+    """gguf_weights.read_qwen2, from the cache when it holds this GGUF's conversion (int4: read_qwen2's int4
+    form, a file of its own)."""
     gguf = Path(gguf)
-    key = json.dumps(cache_key(gguf), sort_keys=True)
+    key = json.dumps(cache_key(gguf, int4), sort_keys=True)
     try:
-        path = cache_path(gguf)
+        path = cache_path(gguf, int4)
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         log.warning("specdec: cannot use the native weights cache folder (%s); converting the GGUF", _first_line(exc))
-        return read_qwen2(gguf)
+        return read_qwen2(gguf, int4=True) if int4 else read_qwen2(gguf)
     if path.is_file():
         try:
             weights = load(path, key, gguf)
@@ -62,7 +66,7 @@ def read_qwen2_cached(gguf: Path | str) -> Qwen2Weights:
             weights = None
         if weights is not None:
             return weights
-    weights = read_qwen2(gguf)
+    weights = read_qwen2(gguf, int4=True) if int4 else read_qwen2(gguf)
     try:
         save(weights, path, key)
     except Exception as exc:  # noqa: BLE001 - a full disk, a read-only folder...
@@ -71,16 +75,19 @@ def read_qwen2_cached(gguf: Path | str) -> Qwen2Weights:
     return weights
 
 
-def holds(gguf: Path | str) -> bool:
-    """Whether the cache holds this GGUF's conversion (its key matches): the GGUF was a model the native forward
-    runs, so a start need not parse its metadata again (gguf's reader takes seconds over a 150k-token vocabulary)."""
+def holds(gguf: Path | str, int4: bool | None = None) -> bool:
+    """Whether the cache holds this GGUF's conversion (its key matches; int4 None: in either form): the GGUF was a
+    model the native forward runs, so a start need not parse its metadata again (gguf's reader takes seconds over
+    a 150k-token vocabulary)."""
     gguf = Path(gguf)
+    if int4 is None:
+        return holds(gguf, False) or holds(gguf, True)
     try:
-        path = cache_path(gguf)
+        path = cache_path(gguf, int4)
         if not path.is_file():
             return False
         saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        return saved.get("key") == json.dumps(cache_key(gguf), sort_keys=True)
+        return saved.get("key") == json.dumps(cache_key(gguf, int4), sort_keys=True)
     except Exception:  # noqa: BLE001 - an unreadable cache holds nothing
         return False
 

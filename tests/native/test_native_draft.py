@@ -4,10 +4,11 @@ packed base: the adapter adapts it as peft adapts the transformers draft, switch
 switching back restores it bit for bit, and the server's engine path serves it."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
-from native_models import VOCAB, _cached_gguf, hf_model, kernels_or_skip, native_model
+from native_models import MIXED, _cached_gguf, hf_model, kernels_or_skip, native_model
 from test_native_vs_transformers import TOKENS, dequantized_transformers
 
 import tiny
@@ -141,8 +142,8 @@ def test_a_bad_adapter_is_one_line_and_leaves_the_draft_as_it_was(tmp_path):
 def gguf_pair(tmp_path):
     """A target and a draft GGUF with the same tokenizer in each file."""
     target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
-    write_qwen2_gguf(hf_model(seed=0), target, tokenizer=tiny.tokenizer())
-    write_qwen2_gguf(hf_model(seed=0), draft, tokenizer=tiny.tokenizer())
+    write_qwen2_gguf(hf_model(seed=0), target, types=MIXED, tokenizer=tiny.tokenizer())
+    write_qwen2_gguf(hf_model(seed=0), draft, types=MIXED, tokenizer=tiny.tokenizer())
     return target, draft
 
 
@@ -159,6 +160,11 @@ def test_the_draft_takes_the_targets_forward_where_it_can(gguf_pair, tmp_path):
     target, draft = gguf_pair
     pair = load_pair(str(target), str(draft), target_quant="auto", forward="native")
     assert isinstance(pair.draft.model, NativeModel) and isinstance(pair.target.model, NativeModel)
+    # the draft in its own form (NATIVE_DRAFT_FORM int4: nothing on W8A8), the target int8 beside its Q4_K codes
+    kernels = {name: {p.kernel for layer in lm.model.model.weights.layers for p in (*layer.qkv.parts, layer.down)}
+               for name, lm in (("draft", pair.draft), ("target", pair.target))}
+    assert kernels == {"draft": {"w4a8"}, "target": {"w4a8", "w8a8"}}
+    assert pair.draft.model.model.weights.output.kernel == "w4a8"
     assert not list(tmp_path.glob("**/*.safetensors"))  # no bf16 conversion of either
     conversion = tmp_path / "conversion"  # what `resolve` makes for fine-tuning: it names its GGUF
     conversion.mkdir()
@@ -173,7 +179,8 @@ def test_the_draft_takes_the_targets_forward_where_it_can(gguf_pair, tmp_path):
     assert loading.choose_draft("auto", str(draft), draft_quant="int8-down-fp32") is None  # transformers' mode
     with pytest.raises(SpecdecError, match="--forward native cannot run the draft .*draftQuant int8"):
         loading.choose_draft("native", str(draft), draft_quant="none")
-    fixed = load_pair(str(target), str(draft), target_quant="auto", forward="native", adapter=str(adapter(tmp_path / "fixed", 1)))
+    fixed = load_pair(str(target), str(draft), target_quant="auto", forward="native",
+                      adapter=str(adapter(tmp_path / "fixed", 1)))
     ids = torch.tensor(TOKENS[:12])
     with_adapter = fixed.draft.model.new_cached_lm().extend(ids.tolist())
     assert not torch.equal(with_adapter, pair.draft.model.new_cached_lm().extend(ids.tolist()))
@@ -216,3 +223,90 @@ def test_the_engine_serves_per_request_adapters_on_the_native_draft(gguf_pair, t
             "repo@v1" if workspace else "")
         assert outputs.setdefault(workspace, result.text) == result.text
     assert outputs["/with"] == outputs[""]  # the draft only proposes: greedy output is the target's
+
+
+def test_int4_groups_rounds_as_the_kernel_reads_it():
+    from specdec.models.gguf_codes import int4_groups, int8_per_channel
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(32, 128, generator=gen) * 0.05
+    weight[3, 7] = 1.0  # an outlier: its group clips rather than coarsen the other 31
+    codes = int4_groups(weight)
+    assert codes.codes.dtype == torch.uint8 and int(codes.codes.max()) <= 15
+    assert torch.equal(codes.scale, codes.scale.bfloat16().float()) and torch.equal(codes.zero,
+                                                                                    codes.zero.bfloat16().float())
+    error = (codes.dequantize() - weight).pow(2).mean() / weight.pow(2).mean()
+    int8_error = (int8_per_channel(weight).dequantize() - weight).pow(2).mean() / weight.pow(2).mean()
+    assert int8_error < error < 0.01
+
+
+def test_the_int4_form_runs_every_matrix_on_w4a8_and_keeps_a_cache_file_of_its_own(tmp_path, monkeypatch):
+    """read_qwen2(int4=True): the matrices that are not Q4_K rounded to int4 per group (the draft's cheaper
+    step); the cache keeps it beside the int8 form, never in its place."""
+    kernels_or_skip()
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    from specdec.native.gguf_weights import read_qwen2
+    from specdec.native.lm import NativeModel
+    from specdec.native.qwen2 import Qwen2
+    from specdec.native.weights_cache import cache_path, read_qwen2_cached
+
+    gguf = _cached_gguf(0, 2, False)
+    weights = read_qwen2(gguf, int4=True)
+    kernels = {part.kernel for layer in weights.layers for part in (*layer.qkv.parts, layer.o, *layer.gate_up.parts,
+                                                                    layer.down)} | {weights.output.kernel}
+    assert kernels == {"w4a8"} and all(len(layer.qkv.parts) == 1 for layer in weights.layers)
+    dense = native_logits(native_model(dense=True, cache_dtype=torch.float32))
+    int8 = native_logits(native_model(cache_dtype=torch.float32))
+    int4 = native_logits(NativeModel(Qwen2(weights), 512, cache_dtype=torch.float32))
+
+    def error(got):
+        return float((got - dense).norm() / dense.norm())
+
+    assert error(int8) < error(int4) < 4 * error(int8)  # coarser, not another model
+    cached = read_qwen2_cached(gguf, int4=True)
+    assert cache_path(Path(gguf), int4=True).is_file() and not cache_path(Path(gguf)).exists()
+    again = read_qwen2_cached(gguf, int4=True)  # mapped from its file
+    assert torch.equal(again.output.packed, cached.output.packed) and again.output.kernel == "w4a8"
+
+
+async def test_the_server_serves_a_workspaces_adapter_on_the_native_draft(gguf_pair, tmp_path):
+    """`specdec serve` with a GGUF pair (both on the native forward): repository A's registered adapter (made for
+    this draft: its GGUF's identity) is switched in for A's requests, B's run on the base draft."""
+    kernels_or_skip()
+    from specdec.native.layers import ops_available
+
+    if not ops_available():
+        pytest.skip("the native ops cannot run here")
+    import os
+
+    import lsp_client as lc
+    from repos import make_repo
+    from specdec.models.loading import LoadedModel
+    from specdec_adapters.registry import AdapterMeta, Registry, repo_identity
+
+    target, draft = gguf_pair
+    repo_a, repo_b = make_repo(tmp_path / "a", files=3), make_repo(tmp_path / "b", files=3)
+    env = {"SPECDEC_DATA_DIR": str(tmp_path / "data")}
+    os.environ["SPECDEC_DATA_DIR"] = env["SPECDEC_DATA_DIR"]
+    key_a = repo_identity(repo_a)[0]
+    Registry().register(adapter(tmp_path / "adapter", 1), AdapterMeta(
+        repo_key=key_a, version="", repo_root=str(repo_a), git_remote="", git_commit="", base_draft=str(draft),
+        base_draft_hash=LoadedModel(str(draft), draft, None, None).weight_hash, target=str(target)))
+    client = await lc.start(tmp_path, {"target": str(target), "draft": str(draft), "debounceMs": 0,
+                                       "maxNewTokens": 8, "strategy": "draft"},
+                            env=env, workspace=repo_a, folders=[repo_a, repo_b])
+    try:
+        assert (await lc.wait_ready(client))["model"]["state"] == "ready"
+        for repo in (repo_a, repo_b, repo_a):
+            uri = (repo / "mod_1.py").as_uri()
+            lc.open_doc(client, uri, (repo / "mod_1.py").read_text())
+            await lc.inline(client, uri, 4, 4, invoked=True)
+        stats = await lc.stats(client)
+        rows = {(r["workspace"], r["adapter"]): r for r in stats["adapters"]}
+        assert rows[(str(repo_a), f"{key_a}@v1")]["model_requests"] >= 1, rows
+        assert rows[(str(repo_b), "base")]["model_requests"] == 1, rows
+        assert stats["model"]["adapter"] == f"{key_a}@v1" and not stats["model"]["adapter_error"]
+        assert not list((tmp_path / "cache").glob("**/*.safetensors"))  # neither model went through transformers
+    finally:
+        await client.shutdown_session()
+        await client.stop()
