@@ -84,9 +84,10 @@ class Settings:
                                             "w4a8": "specdec's AVX512-VNNI/AVX2 kernel; an error where it cannot run.",
                                             "aten": "PyTorch's int4 CPU kernel, bf16 activations."},
                                reload=True)
-    forward: str = setting("auto", "The target's forward: native is specdec's own (a Qwen2 or Llama GGUF — "
-                           "Qwen2.5-Coder, DeepSeek-Coder, CodeLlama — on CPU, read straight from the file; greedy "
-                           "speculation bit-exact), transformers the transformers model.",
+    forward: str = setting("auto", "The target's forward, and the draft's where it runs there: native is specdec's "
+                           "own (a Qwen2 or Llama GGUF — Qwen2.5-Coder, DeepSeek-Coder, CodeLlama — on CPU, read "
+                           "straight from the file; greedy speculation bit-exact), transformers the transformers "
+                           "model.",
                            choices=FORWARDS,
                            choice_docs={"auto": "native where it can run, else transformers.",
                                         "native": "specdec's own forward; an error where it cannot run.",

@@ -39,7 +39,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "compiled once per machine), aten = PyTorch's int4 kernel (bf16 activations), auto = w4a8 "
                         "where it builds and runs, else aten (default)")
     p.add_argument("--forward", choices=FORWARDS, default="auto",
-                   help="the target's forward: native = specdec's own (a Qwen2 or Llama GGUF on CPU read straight "
+                   help="the target's forward (the draft's too where it runs there): native = specdec's own (a Qwen2 or Llama GGUF on CPU read straight "
                         "from the file; greedy speculation bit-exact), transformers = the transformers model, auto = native "
                         "where it can run, else transformers (default)")
     p.add_argument("--adapter", help="a LoRA adapter directory for the draft")
