@@ -267,6 +267,11 @@ def test_the_int4_form_runs_every_matrix_on_w4a8_and_keeps_a_cache_file_of_its_o
     assert cache_path(Path(gguf), int4=True).is_file() and not cache_path(Path(gguf)).exists()
     again = read_qwen2_cached(gguf, int4=True)  # mapped from its file
     assert torch.equal(again.output.packed, cached.output.packed) and again.output.kernel == "w4a8"
+    from specdec.models.cache_inventory import NATIVE_PREFIX, native_stale
+
+    # `models list` and `models prune` read it as its GGUF's native file, current
+    assert cache_path(Path(gguf), int4=True).name.startswith(f"{NATIVE_PREFIX}{Path(gguf).stem}-")
+    assert native_stale(cache_path(Path(gguf), int4=True), Path(gguf)) == ""
 
 
 async def test_the_server_serves_a_workspaces_adapter_on_the_native_draft(gguf_pair, tmp_path):
