@@ -35,7 +35,7 @@ namespace w4a8_avx2 {
 
 static constexpr int BLK = 320;   // one W4A8 (tile, group) block: 4 x 64 nibble-pair bytes, 16 bf16 scales, 16 zeros
 static constexpr int BLK8 = 512;  // one W8A8 (tile, group) block: 8 x 64 bytes code + 128
-static constexpr int ROWS = 4;    // rows per pass over a tile: their accumulators stay (mostly) in 16 registers
+static constexpr int ROWS = 3;    // rows per pass over a tile half: their accumulators stay in the 16 registers
 
 static inline __m256 bf16x8_to_ps(const void* p) {
   __m128i h = _mm_loadu_si128((const __m128i*)p);
@@ -66,6 +66,14 @@ static inline float reduce_max16(__m256 lo, __m256 hi) {
   __m128 t8 = _mm_max_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));  // {2, 3, 0, 1}
   __m128 t10 = _mm_max_ps(t8, _mm_shuffle_ps(t8, t8, _MM_SHUFFLE(0, 1, 0, 1)));  // {1, 0, 1, 0}
   return _mm_cvtss_f32(t10);
+}
+
+// a + b in int16 lanes, in this order: the empty asm keeps the compiler from reassociating a row's chain of adds
+// into a tree over all its products, which would need a register for each (and spill them to the stack).
+static inline __m256i add16(__m256i a, __m256i b) {
+  __m256i sum = _mm256_add_epi16(a, b);
+  __asm__("" : "+x"(sum));
+  return sum;
 }
 
 // 32 int32 (a0: 0..7, a1: 8..15, b0: 16..23, b1: 24..31) -> 32 int8 in order, saturating as vpmovsdb does.
@@ -101,33 +109,37 @@ void quantize_row(const uint16_t* x, int64_t K, int8_t* q, float* xs, float* xsu
   quantize_row_impl(x, K, q, xs, xsum);
 }
 
-// MB rows x 16 columns over all G groups of one W4A8 tile (w4a8.cpp's tile_kernel, in two 8-column halves).
+// MB rows x H halves of one W4A8 tile over all G groups, from half h0 on (half 0: columns 0..7, half 1: 8..15):
+// w4a8.cpp's tile_kernel. Several rows take one half at a time (H = 1, twice), so that their accumulators stay in
+// registers (the second pass reads the tile from the cache); a single row takes both halves in one pass (H = 2).
 // Within a block, P[p] (64 bytes) holds R[p] in its low nibbles and R[p + 4] in its high ones; R[j]'s dword c is
-// column c's codes for k = 4 j .. 4 j + 3, so columns 0..7 are a block's first 32 bytes of each P[p].
-template <int MB>
+// column c's codes for k = 4 j .. 4 j + 3, so half h is bytes 32 h .. 32 h + 31 of each P[p], and its scales and
+// zeros the 8 bf16 from byte 16 h on.
+template <int MB, int H>
 static void tile_kernel(const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
-                        const float* xsum, float* out, int64_t ldo) {
-  __m256 acc[2][MB], accm[2][MB];
-  for (int h = 0; h < 2; ++h)
+                        const float* xsum, float* out, int64_t ldo, int h0) {
+  __m256 acc[H][MB], accm[H][MB];
+  for (int h = 0; h < H; ++h)
     for (int m = 0; m < MB; ++m) acc[h][m] = accm[h][m] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* b = w + g * BLK;
     for (int c = 0; c < BLK; c += 64) _mm_prefetch((const char*)(b + 8 * BLK + c), _MM_HINT_T0);
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < H; ++h) {
+      const int half = h0 + h;
       __m256i s[MB];  // int16 pairs: at most 8 x 3840 in magnitude
       for (int m = 0; m < MB; ++m) s[m] = _mm256_setzero_si256();
       for (int p = 0; p < 4; ++p) {
-        __m256i v = _mm256_loadu_si256((const __m256i*)(b + 64 * p + 32 * h));
+        __m256i v = _mm256_loadu_si256((const __m256i*)(b + 64 * p + 32 * half));
         __m256i r0 = _mm256_and_si256(v, low), r1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         for (int m = 0; m < MB; ++m) {
           const int32_t* xp = (const int32_t*)(xq + m * K + 32 * g);
-          s[m] = _mm256_add_epi16(s[m], _mm256_maddubs_epi16(r0, _mm256_set1_epi32(xp[p])));
-          s[m] = _mm256_add_epi16(s[m], _mm256_maddubs_epi16(r1, _mm256_set1_epi32(xp[p + 4])));
+          s[m] = add16(s[m], _mm256_maddubs_epi16(r0, _mm256_set1_epi32(xp[p])));
+          s[m] = add16(s[m], _mm256_maddubs_epi16(r1, _mm256_set1_epi32(xp[p + 4])));
         }
       }
-      __m256 sc = bf16x8_to_ps(b + 256 + 16 * h);
-      __m256 mn = _mm256_fnmadd_ps(_mm256_set1_ps(8.f), sc, bf16x8_to_ps(b + 288 + 16 * h));  // zero - 8 scale
+      __m256 sc = bf16x8_to_ps(b + 256 + 16 * half);
+      __m256 mn = _mm256_fnmadd_ps(_mm256_set1_ps(8.f), sc, bf16x8_to_ps(b + 288 + 16 * half));  // zero - 8 scale
       for (int m = 0; m < MB; ++m) {
         __m256i dot = _mm256_madd_epi16(s[m], ones);
         __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(xs[m * G + g]));
@@ -136,32 +148,34 @@ static void tile_kernel(const uint8_t* w, int64_t G, const int8_t* xq, int64_t K
       }
     }
   }
-  for (int h = 0; h < 2; ++h)
-    for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, _mm256_add_ps(acc[h][m], accm[h][m]));
+  for (int h = 0; h < H; ++h)
+    for (int m = 0; m < MB; ++m)
+      _mm256_storeu_ps(out + m * ldo + 8 * (h0 + h), _mm256_add_ps(acc[h][m], accm[h][m]));
 }
 
-// MB rows x 16 columns of one W8A8 tile (w4a8.cpp's tile_kernel8): R[j] byte i = code[col i / 4][k = 4 j + i % 4]
-// + 128. Returns dot(q + 128, x) - 128 * qsum = dot(q, x) per group, as the AVX512 kernel does, exactly.
-template <int MB>
+// MB rows x H halves of one W8A8 tile from half h0 on (w4a8.cpp's tile_kernel8; halves as tile_kernel's):
+// R[j] byte i = code[col i / 4][k = 4 j + i % 4] + 128, and dot(q + 128, x) - 128 * qsum = dot(q, x) per group, as
+// the AVX512 kernel has it, exactly.
+template <int MB, int H>
 static void tile_kernel8(const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
-                         const int32_t* qsum, const float* scale, float* out, int64_t ldo) {
-  __m256 acc[2][MB];
-  for (int h = 0; h < 2; ++h)
+                         const int32_t* qsum, const float* scale, float* out, int64_t ldo, int h0) {
+  __m256 acc[H][MB];
+  for (int h = 0; h < H; ++h)
     for (int m = 0; m < MB; ++m) acc[h][m] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* b = w + g * BLK8;
     for (int c = 0; c < BLK8; c += 64) _mm_prefetch((const char*)(b + 4 * BLK8 + c), _MM_HINT_T0);
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < H; ++h) {
       __m256i slo[MB], shi[MB];  // int16 pairs of the low and the high nibbles' dots
       for (int m = 0; m < MB; ++m) slo[m] = shi[m] = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
-        __m256i v = _mm256_loadu_si256((const __m256i*)(b + 64 * j + 32 * h));
+        __m256i v = _mm256_loadu_si256((const __m256i*)(b + 64 * j + 32 * (h0 + h)));
         __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         for (int m = 0; m < MB; ++m) {
           __m256i x = _mm256_set1_epi32(((const int32_t*)(xq + m * K + 32 * g))[j]);
-          slo[m] = _mm256_add_epi16(slo[m], _mm256_maddubs_epi16(lo, x));
-          shi[m] = _mm256_add_epi16(shi[m], _mm256_maddubs_epi16(hi, x));
+          slo[m] = add16(slo[m], _mm256_maddubs_epi16(lo, x));
+          shi[m] = add16(shi[m], _mm256_maddubs_epi16(hi, x));
         }
       }
       for (int m = 0; m < MB; ++m) {
@@ -171,21 +185,21 @@ static void tile_kernel8(const uint8_t* w, int64_t G, const int8_t* xq, int64_t 
       }
     }
   }
-  for (int h = 0; h < 2; ++h) {
-    __m256 sc = _mm256_loadu_ps(scale + 8 * h);
-    for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, _mm256_mul_ps(acc[h][m], sc));
+  for (int h = 0; h < H; ++h) {
+    __m256 sc = _mm256_loadu_ps(scale + 8 * (h0 + h));
+    for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + m * ldo + 8 * (h0 + h), _mm256_mul_ps(acc[h][m], sc));
   }
 }
 
-// Calls f.template operator()<MB> for mb rows in passes of ROWS (the last one shorter).
+// Calls f(m0, std::integral_constant<int, MB>) for mb rows in passes of ROWS from row m0 (the last one shorter).
 template <typename F>
 static void by_rows(int mb, F&& f) {
+  static_assert(ROWS == 3, "the cases below");
   for (int m0 = 0; m0 < mb; m0 += ROWS) {
     switch (mb - m0 < ROWS ? mb - m0 : ROWS) {
       case 1: f(m0, std::integral_constant<int, 1>{}); break;
       case 2: f(m0, std::integral_constant<int, 2>{}); break;
-      case 3: f(m0, std::integral_constant<int, 3>{}); break;
-      default: f(m0, std::integral_constant<int, ROWS>{}); break;
+      default: f(m0, std::integral_constant<int, 3>{}); break;
     }
   }
 }
@@ -194,7 +208,12 @@ static void by_rows(int mb, F&& f) {
 void w4a8_tile(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
                const float* xsum, float* out, int64_t ldo) {
   by_rows(mb, [&](int m0, auto rows) {
-    tile_kernel<decltype(rows)::value>(w, G, xq + m0 * K, K, xs + m0 * G, xsum + m0 * G, out + m0 * ldo, ldo);
+    constexpr int MB = decltype(rows)::value;
+    if (MB == 1)
+      tile_kernel<1, 2>(w, G, xq + m0 * K, K, xs + m0 * G, xsum + m0 * G, out + m0 * ldo, ldo, 0);
+    else
+      for (int h = 0; h < 2; ++h)
+        tile_kernel<MB, 1>(w, G, xq + m0 * K, K, xs + m0 * G, xsum + m0 * G, out + m0 * ldo, ldo, h);
   });
 }
 
@@ -202,8 +221,12 @@ void w4a8_tile(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int64_t K,
 void w8a8_tile(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
                const int32_t* qsum, const float* scale, float* out, int64_t ldo) {
   by_rows(mb, [&](int m0, auto rows) {
-    tile_kernel8<decltype(rows)::value>(w, G, xq + m0 * K, K, xs + m0 * G, qsum + m0 * G, scale, out + m0 * ldo,
-                                        ldo);
+    constexpr int MB = decltype(rows)::value;
+    if (MB == 1)
+      tile_kernel8<1, 2>(w, G, xq + m0 * K, K, xs + m0 * G, qsum + m0 * G, scale, out + m0 * ldo, ldo, 0);
+    else
+      for (int h = 0; h < 2; ++h)
+        tile_kernel8<MB, 1>(w, G, xq + m0 * K, K, xs + m0 * G, qsum + m0 * G, scale, out + m0 * ldo, ldo, h);
   });
 }
 
