@@ -290,7 +290,8 @@ def bench_package(spec: str, args, configs: list[Config], models: dict, report=p
             lora = adapter_folder(spec, ft_args, config, split, target.weight_hash, models["draft_hash"])
             result["adapter"] = trained_adapter(ft_args, target, split, lora, report)
             result["adapter"]["folder"] = str(lora)
-            drafts["lora"] = load_draft(args.draft, target, args.dtype, args.draft_quant, adapter=str(lora)).model
+            drafts["lora"] = load_draft(args.draft, target, args.dtype, args.draft_quant, adapter=str(lora),
+                                        forward=getattr(args, "forward", "auto")).model
             if any(c.adapter == "online" for c in configs):
                 base_drafter = make_drafter("draft", base_draft.model, max_draft=args.max_draft)
                 job = replay_job(args, root, split.heldout, holes, completer, base_drafter, models["draft_hash"],
@@ -300,7 +301,7 @@ def bench_package(spec: str, args, configs: list[Config], models: dict, report=p
                 online, outcome = online_adapter(job, root, lora, models["draft_hash"], args, work, report)
                 result["online"] = {k: v for k, v in outcome.items() if k != "losses"}
                 drafts["online"] = load_draft(args.draft, target, args.dtype, args.draft_quant,
-                                              adapter=str(online)).model
+                                              adapter=str(online), forward=getattr(args, "forward", "auto")).model
         markers = fim.markers(target.tokenizer, completer.template)
         drafters = {c.name: make_drafter(c.strategy, drafts[c.adapter], max_draft=args.max_draft,
                                          repo_index=index if c.index else None, prompt_markers=markers)
@@ -352,7 +353,7 @@ def run(args) -> int:
         raise SpecdecError("--repo-steps must be >= 1")
     target = load(args.target, args.dtype)
     quantize_target(target, args.target_quant, args.dtype, args.int4_kernel)
-    draft = load_draft(args.draft, target, args.dtype, args.draft_quant)
+    draft = load_draft(args.draft, target, args.dtype, args.draft_quant, forward=getattr(args, "forward", "auto"))
     completer = Completer.for_session(Session(target.model, target.tokenizer),
                                       max_prefix_tokens=args.max_prefix_tokens,
                                       max_suffix_tokens=args.max_suffix_tokens)
