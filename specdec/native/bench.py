@@ -2,7 +2,8 @@
 plain decode step at a given context, and the process's RSS, on one forward; with --draft the pair as the engine
 loads it (the draft on the same forward where it can), the draft's step beside the target's and the RSS of the
 process holding both. Run once per forward (separate processes, so each RSS is its own); the numbers go to
-docs/, not into tests."""
+docs/, not into tests. --isa avx512,avx2 times the native target on each instruction-set path instead (ops and
+matmuls: the bits are the same), alternating step by step in one process so both see the same machine load."""
 
 from __future__ import annotations
 
@@ -35,6 +36,44 @@ def step_times(lm, ids: list[int], steps: int) -> tuple[list[float], list[float]
     return times, cpu
 
 
+def compare_isas(lm, ids: list[int], isas: list[str], steps: int, verify: int) -> str:
+    """One line per path: the median wall and CPU time of a plain step (and of a verify pass of `verify` rows),
+    the paths taking turns step by step after the context `ids`."""
+    import statistics
+
+    from specdec.models import w4a8
+    from specdec.native import ops
+
+    def timed(fn) -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    lm.sync(ids)
+    n = len(ids)
+    got = {isa: {"step": [], "verify": []} for isa in isas}
+    for turn in range(steps + 2):  # the first two turns warm up
+        for isa in isas:
+            with ops.use_isa(isa), w4a8.use_isa(isa):
+                lm.truncate(n)
+                step = timed(lambda: lm.extend([ids[-1]]))
+                lm.truncate(n)
+                check = timed(lambda: lm.extend([ids[-1]] * verify)) if verify else None
+            if turn >= 2:
+                got[isa]["step"].append(step)
+                if check:
+                    got[isa]["verify"].append(check)
+    lines = []
+    for isa, times in got.items():
+        parts = []
+        for what, label in (("step", f"plain step at {n} context"), ("verify", f"verify pass of {verify} rows")):
+            if times[what]:
+                wall, cpu = (1000 * statistics.median(t[i] for t in times[what]) for i in (0, 1))
+                parts.append(f"{label}: median {wall:.1f} ms, CPU time median {cpu:.1f} ms")
+        lines.append(f"  {isa}: " + "; ".join(parts) + f" ({len(times['step'])} turns)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from specdec.models.catalog import DEFAULT_TARGET
 
@@ -52,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-form", choices=("int4", "int8"), default=None,
                    help="the native draft's weights beside its Q4_K codes (default: the loader's, NATIVE_DRAFT_FORM)")
     p.add_argument("--adapter", default="", help="a LoRA adapter folder for the draft (the side matmuls' cost)")
+    p.add_argument("--isa", default="", help="instruction-set paths of the native target to compare, alternating in "
+                   "this process: avx512,avx2 (the CPU must have them)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default); 1 keeps a shared "
                    "machine's scheduling out of the figure")
     args = p.parse_args(argv)
@@ -72,6 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     load_s = time.perf_counter() - started
     ids = pair.target.tokenizer.encode("def fibonacci(n):\n    " * 200)[: args.context]
     line = f"{args.forward}: load {load_s:.1f} s, threads {torch.get_num_threads()}"
+    if args.isa:
+        if not callable(getattr(pair.target.model, "new_cached_lm", None)):
+            p.error("--isa compares the native forward's paths; the target is not on it")
+        print(f"{line}; target {pair.target.spec}, the paths alternating:\n"
+              + compare_isas(as_cached_lm(pair.target.model), ids, args.isa.split(","), args.steps, args.verify),
+              flush=True)
+        return 0
+    if callable(getattr(pair.target.model, "new_cached_lm", None)):
+        from specdec.models import w4a8
+        from specdec.native import ops
+
+        line += f", isa {ops.isa()} ops / {w4a8.isa()} matmuls"
     steps = {}
     for role, loaded in (("target", pair.target), ("draft", pair.draft)):
         if loaded is None:

@@ -346,3 +346,18 @@ def test_the_build_covers_the_avx2_source(tmp_path, monkeypatch):
     edited.write_text(sources[0] + "\n// an edit\n")
     monkeypatch.setattr(w4a8, "AVX2_SOURCE", edited)
     assert w4a8.build_dir() != before
+
+
+def test_the_native_bench_compares_the_paths_in_one_process(native):
+    """`python -m specdec.native.bench --isa avx512,avx2`: both paths timed in turns, one line each, and the
+    process's paths as they were afterwards."""
+    from specdec.native import ops
+    from specdec.native.bench import compare_isas
+
+    before = (ops.isa(), w4a8.isa())
+    out = compare_isas(native.new_cached_lm(), list(range(8, 48)), ["avx512", "avx2"], steps=2, verify=3)
+    lines = out.splitlines()
+    assert [line.split(":")[0].strip() for line in lines] == ["avx512", "avx2"], out
+    assert all("plain step at 40 context" in line and "verify pass of 3 rows" in line and "(2 turns)" in line
+               for line in lines), out
+    assert (ops.isa(), w4a8.isa()) == before
