@@ -163,7 +163,7 @@ def test_real_int4_target_fim_completion_is_lossless(monkeypatch):
 
     if "SPECDEC_TEST_REAL_CACHE" not in os.environ:
         monkeypatch.delenv("SPECDEC_CACHE_DIR", raising=False)
-    pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, target_quant="int4")
+    pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, target_quant="int4", forward="transformers")
     assert isinstance(pair.target.model.model.layers[0].mlp.up_proj, Int4Linear)
     prefix = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    '
     suffix = "\n\n\nprint(fibonacci(10))\n"
