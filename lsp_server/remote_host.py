@@ -20,9 +20,10 @@ from typing import Callable
 
 from lsp_server import syntax
 from specdec.backends import make_backend
+from specdec.backends.base import Reconfigurable
 
 
-class RemoteHost:
+class RemoteHost(Reconfigurable):
     remote = True
 
     def __init__(self, kind: str):
@@ -85,13 +86,6 @@ class RemoteHost:
         if self.backend.settings is None or settings.models_differ(self.backend.settings):
             return None
         return lambda: setattr(self.backend, "settings", settings)
-
-    def apply(self, settings) -> bool:
-        commit = self.reconfigure(settings)
-        if commit is None:
-            return False
-        commit()
-        return True
 
     def index_for(self, settings):
         """The repository index (its chunks are the engine's context), or None: off, or no tokenizer for its ids."""

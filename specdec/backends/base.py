@@ -92,6 +92,19 @@ class CompletionResult:
                    [int(t) for t in generation.tokens], getattr(generation, "trace", None))
 
 
+class Reconfigurable:
+    """`apply`, for a backend whose `reconfigure(settings)` returns a commit, or None where the models must be
+    reloaded (a caller that may still refuse the change calls reconfigure and commits later itself)."""
+
+    def apply(self, settings) -> bool:
+        """Apply settings that need no reload; False if the models must be reloaded."""
+        commit = self.reconfigure(settings)
+        if commit is None:
+            return False
+        commit()
+        return True
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Where completions are computed. `load` blocks (call it from a thread) and never raises: it ends in state

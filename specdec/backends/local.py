@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from specdec.backends.base import CompletionRequest, CompletionResult, Report
+from specdec.backends.base import CompletionRequest, CompletionResult, Reconfigurable, Report
 from specdec.engine.strategies import needs_draft_model, uses_repo_index
 from specdec.errors import SpecdecError
 
@@ -161,7 +161,7 @@ class Plan:
     base_stops: frozenset[int]  # the session's stop ids before the template's
 
 
-class LocalBackend:
+class LocalBackend(Reconfigurable):
     """Loads the models off the caller's thread and runs every generation in one worker thread.
 
     Settings are the server's (lsp_server.settings.Settings) or any object with its fields. Per-repository
@@ -302,14 +302,6 @@ class LocalBackend:
             self.executor.submit(swap)  # one worker, first in first out: serialised with generations
 
         return commit
-
-    def apply(self, settings) -> bool:
-        """Apply settings that need no reload; False if the models must be reloaded."""
-        commit = self.reconfigure(settings)
-        if commit is None:
-            return False
-        commit()
-        return True
 
     # -- per-repository adapters ----------------------------------------------------------------------
     def adapter_for(self, workspace: str):
