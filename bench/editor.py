@@ -33,11 +33,9 @@ from pathlib import Path
 from lsprotocol import types
 
 from specdec_bench import editor_llama
-from specdec_bench.llama_anchor import InfillRules
+from specdec_bench.llama_anchor import InfillRules, infill_files, infill_server
 from lsp_server.metrics import load_records, percentile
 from lsp_server.settings import Settings, SettingsError
-from specdec.backends import llama_server
-from specdec_bench import llama
 from specdec_bench.workload import SOURCES, fetch
 from specdec.errors import SpecdecError
 
@@ -284,31 +282,21 @@ def server_options(args) -> dict:
 
 def replay_llama(args, sessions: list[TypingSession]) -> tuple[list[editor_llama.LlamaRecord], dict] | None:
     """The same keystrokes against llama-server /infill on the target's GGUF; None (said why) if it cannot run."""
-    from specdec.models.store import target_gguf
-
     try:
         settings = Settings().update(server_options(args))
     except SettingsError as exc:
         raise SpecdecError(str(exc)) from None
-    binary = llama_server.find_server()
-    if binary is None:
-        print(f"llama.cpp is not installed: skipping the llama-server replay. Install it with:\n  "
-              f"{llama_server.INSTALL_HINT}", flush=True)
+    files = infill_files(settings, "the llama-server replay")
+    if files is None:
         return None
-    gguf = target_gguf(settings.target)
-    if gguf is None:
-        print(f"no GGUF for {settings.target}: skipping the llama-server replay", flush=True)
-        return None
+    binary, gguf = files
     rules = InfillRules.load(settings)
     print(f"{len(sessions)} typing sessions against llama-server /infill ({gguf.name}; {settings.max_new_tokens} "
           f"tokens, prompt window {settings.max_prefix_tokens}/{settings.max_suffix_tokens} tokens)", flush=True)
     records: list[editor_llama.LlamaRecord] = []
-    with llama.anchor_server(binary, gguf) as anchor:
-        if anchor.server is None:
-            print(f"skipping the llama-server replay: {anchor.failed}", flush=True)
+    with infill_server(binary, gguf, "the llama-server replay") as anchor:
+        if anchor is None:
             return None
-        if anchor.note:
-            print(f"llama-server runs with weight repacking off ({anchor.repack_failure} with it on)", flush=True)
         server = anchor.server
         for n, session in enumerate(sessions):
             print(f"  typing {len(session.typed)} characters of {session.language} ({session.path})", flush=True)

@@ -28,7 +28,6 @@ from lsp_server import syntax
 from lsp_server.hosts import ModelHost
 from lsp_server.service import CompletionRequest
 from lsp_server.settings import Settings, SettingsError
-from specdec.backends import llama_server
 from specdec_bench import humaneval, llama
 from specdec_bench.sandbox import run_program
 from specdec.engine.strategies import STRATEGIES, needs_draft_model
@@ -177,21 +176,16 @@ def config_name(settings: Settings, strategy: str, host=None) -> str:
 
 def llama_anchor(settings: Settings):
     """A runner of the llama-infill configuration on the target's GGUF, or None (said why) when it cannot run."""
-    from specdec.models.store import target_gguf
+    from specdec_bench.llama_anchor import infill_files
 
-    binary = llama_server.find_server()
-    if binary is None:
-        print(f"llama.cpp is not installed: skipping {LLAMA_INFILL}. Install it with:\n  {llama_server.INSTALL_HINT}",
-              flush=True)
+    files = infill_files(settings, LLAMA_INFILL)
+    if files is None:
         return None
-    gguf = target_gguf(settings.target)
-    if gguf is None:
-        print(f"no GGUF for {settings.target}: skipping {LLAMA_INFILL}", flush=True)
-        return None
+    binary, gguf = files
 
     def run_tasks(tasks, config, timeout, keep, host) -> list[dict] | None:
         """The rows of tasks, or None (said why) when llama-server cannot run even with weight repacking off."""
-        from specdec_bench.llama_anchor import InfillRules
+        from specdec_bench.llama_anchor import InfillRules, infill_server
 
         if not tasks:
             return []
@@ -199,12 +193,9 @@ def llama_anchor(settings: Settings):
         rules = InfillRules.load(settings, tokenizer)
         print(f"{LLAMA_INFILL}: llama-server /infill on {gguf.name}, {settings.max_new_tokens} tokens at most, "
               f"prompt window {settings.max_prefix_tokens}/{settings.max_suffix_tokens} tokens", flush=True)
-        with llama.anchor_server(binary, gguf) as anchor:
-            if anchor.server is None:
-                print(f"skipping {LLAMA_INFILL}: {anchor.failed}", flush=True)
+        with infill_server(binary, gguf, LLAMA_INFILL) as anchor:
+            if anchor is None:
                 return None
-            if anchor.note:
-                print(f"{LLAMA_INFILL}: weight repacking off ({anchor.repack_failure} with it on)", flush=True)
             server = anchor.server
             return evaluate(None, tasks, settings, config, timeout, on_row=keep,
                             answer=lambda task: rules.complete(server.port, "python", task.prefix, task.suffix))

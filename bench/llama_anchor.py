@@ -11,8 +11,10 @@ its prompt format (`<|repo_name|>myproject`, `<|file_sep|>filename`) and its ker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from lsp_server import syntax
 from lsp_server.settings import Settings
@@ -98,3 +100,37 @@ class InfillRules:
                                 prefill_computed=streamed.prompt_n, prefill_reused=streamed.cache_n,
                                 prefill_seconds=streamed.prompt_ms / 1000, seconds=seconds)
         return text, CompletionResult.from_generation(Generation(out, text, reason, stats))
+
+
+def infill_files(settings: Settings, what: str) -> tuple[Path, Path] | None:
+    """(llama-server, the target's GGUF) for a benchmark's llama.cpp side, or None where either is missing (said:
+    `what` is skipped)."""
+    from specdec.models.store import target_gguf
+
+    binary = llama_server.find_server()
+    if binary is None:
+        print(f"llama.cpp is not installed: skipping {what}. Install it with:\n  {llama_server.INSTALL_HINT}",
+              flush=True)
+        return None
+    gguf = target_gguf(settings.target)
+    if gguf is None:
+        print(f"no GGUF for {settings.target}: skipping {what}", flush=True)
+        return None
+    return binary, gguf
+
+
+@contextlib.contextmanager
+def infill_server(binary: Path, gguf: Path, what: str):
+    """llama.anchor_server, said: yields the started anchor, or None where it did not start even with weight
+    repacking off (`what` is skipped, said why); a start without repacking is said too."""
+    from specdec_bench import llama
+
+    with llama.anchor_server(binary, gguf) as anchor:
+        if anchor.server is None:
+            print(f"skipping {what}: {anchor.failed}", flush=True)
+            yield None
+            return
+        if anchor.note:
+            print(f"{what}: llama-server runs with weight repacking off ({anchor.repack_failure} with it on)",
+                  flush=True)
+        yield anchor
