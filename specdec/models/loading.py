@@ -144,6 +144,7 @@ def load_draft(draft_spec: str, target: LoadedModel, dtype: str = "auto", draft_
     native_form: the native draft's weights, one of NATIVE_DRAFT_FORMS (None: NATIVE_DRAFT_FORM; a benchmark's
     other form)."""
     from specdec.native.loading import NATIVE_DRAFT_FORM, NATIVE_DRAFT_FORMS, choose_draft, load_native
+    from specdec.native.shortlist import draft_shortlist
 
     if (native_form or NATIVE_DRAFT_FORM) not in NATIVE_DRAFT_FORMS:
         raise SpecdecError(f"unknown native draft form {native_form!r}; use one of {', '.join(NATIVE_DRAFT_FORMS)}")
@@ -151,6 +152,7 @@ def load_draft(draft_spec: str, target: LoadedModel, dtype: str = "auto", draft_
     if gguf is not None:
         model, tokenizer = load_native(draft_spec, gguf, int4=(native_form or NATIVE_DRAFT_FORM) == "int4")
         check_same_tokenizer(target.tokenizer, tokenizer, target.spec, draft_spec)
+        model.shortlist = draft_shortlist(model.model.weights.output, tokenizer)
         if adapter:
             from specdec.native.lora import NativeAdapters
 

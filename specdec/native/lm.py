@@ -16,9 +16,11 @@ from specdec.engine.cached_lm import PrefixSync
 from specdec.engine.tree import ROOT
 from specdec.errors import SpecdecError
 from specdec.native.qwen2 import Qwen2
+from specdec.native.shortlist import ContextHead, Shortlist
 
 CAPACITY = 4096  # committed tokens a cache holds by default: a FIM prompt (<= ~1.3k) plus a long completion
 TREE_ROOM = 128  # tree slots behind them: a target pass (<= MAX_DRAFT + 1 nodes) or a draft's tree levels
+MAX_CONTEXT_TILES = 1024  # a cache's shortlist tiles past the first ones, before it starts again from its context
 
 
 class NativeModel:
@@ -32,20 +34,24 @@ class NativeModel:
         self.device = torch.device("cpu")
         self.dtype = torch.float32  # the activations'
         self.kernels = "native"  # what a pass's cost depends on (the cost curve's key)
+        self.shortlist: Shortlist | None = None  # a draft's (specdec.models.loading.load_draft): the ids it scores
 
     def nbytes(self) -> int:
         """Weight bytes one decoding step reads."""
         return self.model.weights.nbytes()
 
     def new_cached_lm(self) -> NativeLM:
-        return NativeLM(self.model, self.capacity, self.tree_room, self.cache_dtype)
+        return NativeLM(self.model, self.capacity, self.tree_room, self.cache_dtype, self.shortlist)
 
 
 class NativeLM(PrefixSync):
     def __init__(self, model: Qwen2, capacity: int = CAPACITY, tree_room: int = TREE_ROOM,
-                 cache_dtype: torch.dtype = torch.bfloat16):
+                 cache_dtype: torch.dtype = torch.bfloat16, shortlist: Shortlist | None = None):
         capacity = min(capacity, model.config.context_length)
-        self.model, self.capacity, self.tree_room = model, capacity, tree_room
+        self.model, self.capacity, self.tree_room, self.shortlist = model, capacity, tree_room, shortlist
+        # the output layer over the shortlist and this cache's context ids (None: the model's whole output layer)
+        self.head: ContextHead | None = None if shortlist is None else shortlist.for_context()
+        self._restart_at = MAX_CONTEXT_TILES
         self.device = torch.device("cpu")
         self.cache = model.new_cache(capacity + tree_room, cache_dtype)
         self.tokens: list[int] = []
@@ -56,6 +62,8 @@ class NativeLM(PrefixSync):
     def reset(self) -> None:
         self.tokens = []
         self._forget_tree()
+        if self.shortlist is not None:
+            self.head = self.shortlist.for_context()
 
     def extend(self, new_tokens: list[int], keep_logits: int | None = None,
                hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
@@ -69,11 +77,22 @@ class NativeLM(PrefixSync):
         if c + n > self.capacity:
             raise SpecdecError(f"the context needs {c + n} tokens; the native forward's cache holds {self.capacity}")
         slots = torch.arange(c, c + n)
+        if self.head is not None:
+            self._cover(new_tokens)
         logits = self.model.forward(torch.tensor(new_tokens), slots, slots, slots + 1,
                                     torch.full((n, 1), -1, dtype=torch.long), self.cache,
-                                    n if keep_logits is None else keep_logits, hidden_states)
+                                    n if keep_logits is None else keep_logits, hidden_states, self.head)
         self.tokens.extend(new_tokens)
         return logits
+
+    def _cover(self, new_tokens: list[int]) -> None:
+        """The shortlist also scores the ids of the context (a file's own identifiers); after a long life across
+        files a cache starts again from the context it holds, so its output layer stays small."""
+        self.head.cover(new_tokens)
+        if len(self.head.extra_tiles) > self._restart_at:
+            self.head = self.shortlist.for_context()
+            self.head.cover(self.tokens + list(new_tokens))
+            self._restart_at = max(MAX_CONTEXT_TILES, 2 * len(self.head.extra_tiles))
 
     def extend_tree(self, tokens: list[int], parents: list[int],
                     hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
@@ -104,7 +123,7 @@ class NativeLM(PrefixSync):
         slots = torch.arange(c + base, c + base + n)
         positions = torch.tensor([c + d - 1 for d in depths[base:]])
         logits = self.model.forward(torch.tensor(tokens), positions, slots, prefix, extra, self.cache, n,
-                                    hidden_states)
+                                    hidden_states, self.head)
         self.tree_tokens.extend(tokens)
         self.tree_parents = all_parents
         self.tree_depths = depths

@@ -79,9 +79,10 @@ class Qwen2:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, prefix: torch.Tensor,
                 extra: torch.Tensor, cache: KVCache, keep: int | None = None,
-                hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+                hidden_states: list[torch.Tensor] | None = None, head=None) -> torch.Tensor:
         """ids, positions, slots, prefix i64[n]; extra i64[n, E] (-1 padded) -> logits f32[keep, vocab] of the last
-        keep rows (all by default). hidden_states, when given, receives each layer's residual stream f32[n, d]."""
+        keep rows (all by default). hidden_states, when given, receives each layer's residual stream f32[n, d].
+        head: the output layer to use instead of the model's (a draft's shortlist, specdec.native.shortlist)."""
         c, w = self.config, self.weights
         n = len(ids)
         residual = w.embedding(ids)
@@ -104,4 +105,4 @@ class Qwen2:
             if hidden_states is not None:
                 hidden_states.append(residual.clone())
         keep = n if keep is None else keep
-        return w.output(F.last_rows(h, keep))
+        return (head or w.output)(F.last_rows(h, keep))

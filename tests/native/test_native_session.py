@@ -26,10 +26,16 @@ def target(request):
     return native_model(seed=0, capacity=256, arch=request.param)
 
 
-@pytest.fixture(scope="module", params=["native-draft", "transformers-draft"])
+@pytest.fixture(scope="module", params=["native-draft", "shortlist-draft", "transformers-draft"])
 def draft(request):
     if request.param == "native-draft":
         return native_model(seed=1, layers=1, capacity=256)
+    if request.param == "shortlist-draft":  # scores 3 tiles of 16 ids and its context's (specdec.native.shortlist)
+        from specdec.native.shortlist import Shortlist
+
+        model = native_model(seed=1, layers=1, capacity=256)
+        model.shortlist = Shortlist(model.model.weights.output, always=[0], tiles=3)
+        return model
     return tiny.model(seed=2, layers=1, hidden=32, vocab_size=VOCAB)
 
 
