@@ -76,3 +76,25 @@ def test_a_draft_gets_a_shortlist_only_for_a_big_vocabulary_and_with_the_switch_
     assert made is not None and made.first.out_features == VOCAB  # 2,048 tiles hold all 24 of this one
     monkeypatch.setenv("SPECDEC_DRAFT_SHORTLIST", "0")
     assert draft_shortlist(output, Tok()) is None
+
+
+def test_sampled_speculation_with_a_shortlisted_draft_runs_clean(model):
+    """Sampling: the draft's q is 0 outside its shortlist, so it never proposes there; every drafted token is one it
+    scores, and the run (acceptance rule, residual) produces tokens of the vocabulary."""
+    import tiny
+    from specdec.engine.sampling import SamplingConfig
+    from specdec.engine.session import GenerationConfig
+    from specdec.engine.strategies import make_session
+
+    kernels_or_skip()
+    target = native_model(seed=0, capacity=256)
+    model.shortlist = Shortlist(model.model.weights.output, always=[0], tiles=2)
+    try:
+        tok = tiny.tokenizer()
+        session = make_session(target, tok, "draft", model, max_draft=4)
+        config = GenerationConfig(max_new_tokens=24, max_draft=4, sampling=SamplingConfig(temperature=0.8, seed=3))
+        out = session.generate(tok.encode("def add(a, b):\n    return"), config)
+        assert out.tokens and all(0 <= t < VOCAB for t in out.tokens)
+        assert out.stats.drafted > 0
+    finally:
+        model.shortlist = None
