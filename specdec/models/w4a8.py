@@ -22,8 +22,11 @@ exactly with the integer sum of each group's codes), with the same row independe
 Every CPU: the kernels above are AVX512-VNNI's; csrc/w4a8_avx2.cpp holds the same two on AVX2 + FMA (vpmaddubsw
 and vpmaddwd instead of vpdpbusd, two 8-lane halves per 16-column tile), reading the same packed weights and
 giving the same bits for every output: the integer dots are exact on both, and the activations' rounding and
-the fp32 epilogue are the same operations in the same order. The C++ picks AVX512-VNNI where the CPU has it,
-else AVX2 (`isa()`); SPECDEC_NATIVE_ISA=avx2 or `use_isa("avx2")` forces AVX2 (tests compare the two paths here).
+the fp32 epilogue are the same operations in the same order. Where the CPU has AMX (Intel, and Linux grants the
+tile data, as torch.cpu._init_amx asks) blocks of 4 to 16 rows go through AMX tiles instead: TDPBSUD (signed
+activation codes x the packed block's unsigned bytes, read as they are) gives the same exact integer dots, and the
+epilogue is the VNNI kernels', so the bits are the same again. The C++ picks AMX, else AVX512-VNNI, else AVX2
+(`isa()`); SPECDEC_NATIVE_ISA=avx512 or avx2 (or `use_isa`) forces a lower path (tests compare the paths here).
 
 The C++ sources (specdec/native/csrc/w4a8_avx2.cpp, then w4a8.cpp, one translation unit) are compiled once per
 machine by specdec.native.build into `build_dir()` (under torch's extension cache, keyed by a hash of the
@@ -141,18 +144,19 @@ def unavailable_reason() -> str:
 
 
 def isa() -> str:
-    """The instruction set the matmuls run on now: 'avx512' (AVX512-VNNI) or 'avx2' (calls load())."""
+    """The instruction set the matmuls run on now: 'amx' (AVX512-VNNI, and AMX tiles for 4 rows or more), 'avx512'
+    (AVX512-VNNI) or 'avx2' (calls load())."""
     return _module().isa()
 
 
 def cpu_isa() -> str:
-    """The best instruction set this CPU (and OS) runs the matmuls on: 'avx512' or 'avx2'."""
+    """The best instruction set this CPU (and OS) runs the matmuls on: 'amx', 'avx512' or 'avx2'."""
     return _module().cpu_isa()
 
 
 @contextlib.contextmanager
 def use_isa(name: str):
-    """Run the matmuls on `name` ('avx2' or 'avx512') inside the block (process-wide; for tests and benchmarks).
+    """Run the matmuls on `name` ('avx2', 'avx512' or 'amx') inside the block (process-wide; for tests and benchmarks).
     A path this CPU lacks is a RuntimeError."""
     module = _module()
     before = module.isa()
@@ -267,7 +271,7 @@ class Int8Rows:
 def fused_norm_runs() -> bool:
     """Whether add_rms_norm_int8 runs here: the kernels load and run on their AVX512-VNNI path (the AVX2 path keeps
     the unfused norm)."""
-    return load() is not None and isa() == "avx512"
+    return load() is not None and isa() in ("avx512", "amx")
 
 
 def add_rms_norm_int8(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> Int8Rows:

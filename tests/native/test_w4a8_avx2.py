@@ -34,7 +34,7 @@ def kernel():
 @pytest.fixture
 def both(kernel):
     """(fn) -> (fn() on AVX512-VNNI, fn() on AVX2); skips where the CPU lacks AVX512-VNNI."""
-    if w4a8.cpu_isa() != "avx512":
+    if w4a8.cpu_isa() not in ("avx512", "amx"):
         pytest.skip("the CPU lacks AVX512-VNNI: nothing to compare the avx2 path with (it runs alone below)")
 
     def run(fn):
@@ -213,10 +213,10 @@ def test_int8_and_int4_layers_give_the_same_bits_on_both_paths(both):
 
 
 def test_use_isa_refuses_what_it_cannot_run(kernel):
-    with pytest.raises(RuntimeError, match="expected 'avx2' or 'avx512'"):
+    with pytest.raises(RuntimeError, match="expected 'avx2', 'avx512' or 'amx'"):
         with w4a8.use_isa("sse2"):
             pass
-    if w4a8.cpu_isa() != "avx512":
+    if w4a8.cpu_isa() == "avx2":
         with pytest.raises(RuntimeError, match="does not support avx512"):
             with w4a8.use_isa("avx512"):
                 pass
@@ -257,7 +257,7 @@ def test_an_avx2_only_cpu_passes_the_gates(monkeypatch):
 def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
     """The AVX2 path and the dispatch must run on a CPU without AVX512 (none here to run them on): in the built
     library, only the AVX512 kernels (quantize_row<T>, tile_kernel<MB>, tile_kernel8<MB>, the fused norm's
-    rms_norm_row and add_row, global namespace) use zmm or mask registers or EVEX encodings; every w4a8_avx2::
+    rms_norm_row and add_row, the AMX path's amx_*, global namespace) use zmm or mask registers or EVEX encodings; every w4a8_avx2::
     function has AVX2 instructions and none of those."""
     import re
     import shutil
@@ -267,8 +267,8 @@ def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
     library = kernel.__file__
     listing = subprocess.run(["objdump", "-d", "-C", library], capture_output=True, text=True, check=True).stdout
     function, offenders, avx512, avx2_ymm = "", set(), set(), set()
-    allowed = re.compile(r"^(void |float )?(quantize_row|tile_kernel8?|group_dot|bf16x16_to_ps|rms_norm_row|add_row)"
-                         r"[<(]")
+    allowed = re.compile(r"^(void |float )?(quantize_row|tile_kernel8?|group_dot|bf16x16_to_ps|rms_norm_row|add_row"
+                         r"|amx_tile_kernel8?|amx_group_dots|amx_config|amx_release)[<(]")
     for line in listing.splitlines():
         header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
         if header:

@@ -13,24 +13,47 @@
 #include <string>
 #include <cstdint>
 #include <type_traits>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 // Which kernels run: the AVX512-VNNI ones below where the CPU (and the OS: __builtin_cpu_supports reads XCR0)
 // has them, else w4a8_avx2.cpp's (AVX2 + FMA), which give the same bits. SPECDEC_NATIVE_ISA=avx2 or set_isa
 // ("avx2") forces the AVX2 path (tests compare the two; benchmarks time it).
-enum MatmulIsa : int { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+// ISA_AMX: the AVX512-VNNI kernels, and AMX tiles (Intel's int8 matrix unit) for blocks of AMX_MIN_ROWS rows or
+// more; the tiles compute the same exact integer dots and the epilogue is the VNNI kernels', so the bits are the same.
+enum MatmulIsa : int { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AMX = 3 };
+
+#if defined(__x86_64__) || defined(_M_X64)
+// AMX-TILE and AMX-INT8 (CPUID.(7,0):EDX bits 24, 25), and Linux's leave to use the tile data (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, what torch.cpu._init_amx asks): without it the first tile
+// instruction kills the process.
+static bool amx_usable() {
+  static const bool usable = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  }();
+  return usable;
+}
+#endif
 
 static int cpu_best() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma"))
-    return ISA_AVX512;
+    return amx_usable() ? ISA_AMX : ISA_AVX512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
 #endif
   return ISA_NONE;
 }
 
-static const char* isa_name(int isa) { return isa == ISA_AVX512 ? "avx512" : isa == ISA_AVX2 ? "avx2" : "none"; }
+static const char* isa_name(int isa) {
+  return isa == ISA_AMX ? "amx" : isa == ISA_AVX512 ? "avx512" : isa == ISA_AVX2 ? "avx2" : "none";
+}
 static std::atomic<int> g_isa{-1};
 
 static int current_isa() {
@@ -39,6 +62,7 @@ static int current_isa() {
     isa = cpu_best();
     const char* env = std::getenv("SPECDEC_NATIVE_ISA");
     if (env && std::string(env) == "avx2" && isa >= ISA_AVX2) isa = ISA_AVX2;
+    if (env && std::string(env) == "avx512" && isa >= ISA_AVX512) isa = ISA_AVX512;
     g_isa.store(isa);
   }
   return isa;
@@ -47,12 +71,12 @@ static int current_isa() {
 static bool avx2_path() { return current_isa() == ISA_AVX2; }
 
 bool cpu_supported() { return cpu_best() != ISA_NONE; }
-std::string cpu_isa() { return isa_name(cpu_best()); }  // the best this CPU runs: "avx512", "avx2" or "none"
+std::string cpu_isa() { return isa_name(cpu_best()); }  // the best this CPU runs: "amx", "avx512", "avx2" or "none"
 std::string isa() { return isa_name(current_isa()); }   // the one the matmuls run on now
 
 void set_isa(const std::string& name) {
-  const int want = name == "avx512" ? ISA_AVX512 : name == "avx2" ? ISA_AVX2 : ISA_NONE;
-  TORCH_CHECK(want != ISA_NONE, "w4a8.set_isa: expected 'avx2' or 'avx512', got '", name, "'");
+  const int want = name == "amx" ? ISA_AMX : name == "avx512" ? ISA_AVX512 : name == "avx2" ? ISA_AVX2 : ISA_NONE;
+  TORCH_CHECK(want != ISA_NONE, "w4a8.set_isa: expected 'avx2', 'avx512' or 'amx', got '", name, "'");
   TORCH_CHECK(want <= cpu_best(), "w4a8.set_isa: this CPU does not support ", name, " (best: ",
               isa_name(cpu_best()), ")");
   g_isa.store(want);
@@ -195,6 +219,96 @@ static void add_row(const float* x, float* residual, int64_t d) {
 
 #pragma GCC pop_options
 
+// ---- AMX ---------------------------------------------------------------------------------------------------
+// One 16-column tile for mb (AMX_MIN_ROWS..16) rows, group by group: C (tmm0, mb x 16 int32) = A (tmm1, the
+// rows' 32 int8 activation codes of the group) . B (tmm2, 8 x 64 bytes: row j = 4 unsigned codes of each of the
+// 16 columns for k = 4j..4j+3, the packed block's R[j] as it is) by TDPBSUD (signed x unsigned bytes): per row
+// and column the exact integer dot of group_dot. The fp32 epilogue is tile_kernel's / tile_kernel8's, operation
+// for operation, so every output has their bits.
+static constexpr int AMX_MIN_ROWS = 4;
+static constexpr int AMX_ROWS = 16;
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma,amx-tile,amx-int8")
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// The tile shapes for mb rows, loaded on the calling thread (a thread's tiles are its own).
+static void amx_config(int mb) {
+  TileConfig cfg = {};
+  cfg.palette_id = 1;
+  cfg.rows[0] = mb, cfg.colsb[0] = 64;  // C: mb x 16 int32
+  cfg.rows[1] = mb, cfg.colsb[1] = 32;  // A: mb x 32 int8
+  cfg.rows[2] = 8, cfg.colsb[2] = 64;   // B: 8 x (16 columns x 4 bytes)
+  _tile_loadconfig(&cfg);
+}
+
+static void amx_release() { _tile_release(); }
+
+// C of one group into dots (mb x 16 int32): A from the rows' codes (stride K), B from b (stride 64).
+static inline void amx_group_dots(const int8_t* xq, int64_t K, const uint8_t* b, int32_t* dots) {
+  _tile_zero(0);
+  _tile_loadd(1, xq, K);
+  _tile_loadd(2, b, 64);
+  _tile_dpbsud(0, 1, 2);
+  _tile_stored(0, dots, 64);
+}
+
+static void amx_tile_kernel(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
+                            const float* xsum, float* out, int64_t ldo) {
+  __m512 acc[AMX_ROWS], accm[AMX_ROWS];
+  for (int m = 0; m < mb; ++m) { acc[m] = _mm512_setzero_ps(); accm[m] = _mm512_setzero_ps(); }
+  alignas(64) uint8_t r[8 * 64];
+  alignas(64) int32_t dots[AMX_ROWS * 16];
+  const __m512i lo = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* b = w + g * BLK;
+    for (int c = 0; c < BLK; c += 64) _mm_prefetch((const char*)(b + 8 * BLK + c), _MM_HINT_T0);
+    for (int p = 0; p < 4; ++p) {
+      __m512i v = _mm512_loadu_si512((const void*)(b + 64 * p));
+      _mm512_store_si512((void*)(r + 64 * p), _mm512_and_si512(v, lo));
+      _mm512_store_si512((void*)(r + 64 * (p + 4)), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo));
+    }
+    amx_group_dots(xq + 32 * g, K, r, dots);
+    __m512 sc = bf16x16_to_ps(b + 256);
+    __m512 mn = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), sc, bf16x16_to_ps(b + 288));  // zero - 8 scale
+    for (int m = 0; m < mb; ++m) {
+      __m512i dot = _mm512_load_si512((const void*)(dots + 16 * m));
+      __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * G + g]));
+      acc[m] = _mm512_fmadd_ps(d, sc, acc[m]);
+      accm[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum[m * G + g]), accm[m]);
+    }
+  }
+  for (int m = 0; m < mb; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_add_ps(acc[m], accm[m]));
+}
+
+static void amx_tile_kernel8(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
+                             const int32_t* qsum, const float* scale, float* out, int64_t ldo) {
+  __m512 acc[AMX_ROWS];
+  for (int m = 0; m < mb; ++m) acc[m] = _mm512_setzero_ps();
+  alignas(64) int32_t dots[AMX_ROWS * 16];
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* b = w + g * BLK8;
+    for (int c = 0; c < BLK8; c += 64) _mm_prefetch((const char*)(b + 4 * BLK8 + c), _MM_HINT_T0);
+    amx_group_dots(xq + 32 * g, K, b, dots);
+    for (int m = 0; m < mb; ++m) {
+      __m512i dot = _mm512_sub_epi32(_mm512_load_si512((const void*)(dots + 16 * m)),
+                                     _mm512_set1_epi32(128 * qsum[m * G + g]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * G + g]), acc[m]);
+    }
+  }
+  __m512 sc = _mm512_loadu_ps(scale);
+  for (int m = 0; m < mb; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_mul_ps(acc[m], sc));
+}
+
+#pragma GCC pop_options
+
 // The integer sum of each group's 32 codes (W8A8 takes its weights' +128 offset out with it): q [n * 32] -> [n].
 static void code_sums(const int8_t* q, int64_t groups, int32_t* qsum) {
   for (int64_t i = 0; i < groups; ++i) {
@@ -238,6 +352,27 @@ static void over_tiles(int64_t NT, int64_t M, F&& tile) {
   });
 }
 
+// On the AMX path: blocks of up to 16 rows through amx_tile(t, m0, mb), a last block of fewer than AMX_MIN_ROWS
+// rows through the VNNI tile(t, m0, MB); each thread loads its tile shapes before its first tile instruction
+// (again when a block's row count differs) and releases the tiles when done.
+template <typename F, typename A>
+static void over_tiles_amx(int64_t NT, int64_t M, F&& tile, A&& amx_tile) {
+  at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
+    int configured = 0;
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
+        const int mb = (int)std::min<int64_t>(AMX_ROWS, M - m0);
+        if (mb < AMX_MIN_ROWS) {
+          by_rows(mb, [&](auto rows) { tile(t, m0, rows); });
+          continue;
+        }
+        if (configured != mb) amx_config(mb), configured = mb;
+        amx_tile(t, m0, mb);
+      }
+    if (configured) amx_release();
+  });
+}
+
 static void check_rows(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& sums, at::ScalarType sums_type,
                        int64_t N, const char* name) {
   TORCH_CHECK(cpu_supported(), name, " needs AVX512-VNNI or AVX2 + FMA");
@@ -264,12 +399,18 @@ at::Tensor w4a8_mm_q(const at::Tensor& xq, const at::Tensor& xs, const at::Tenso
   float* o = yf.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const bool avx2 = avx2_path();
-  over_tiles(NT, M, [&](int64_t t, int64_t m0, auto mb) {
+  auto tile = [&](int64_t t, int64_t m0, auto mb) {
     if (avx2)
       w4a8_avx2::w4a8_tile(mb, w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
     else
       tile_kernel<decltype(mb)::value>(w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
-  });
+  };
+  if (current_isa() == ISA_AMX && M >= AMX_MIN_ROWS)
+    over_tiles_amx(NT, M, tile, [&](int64_t t, int64_t m0, int mb) {
+      amx_tile_kernel(mb, w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
+    });
+  else
+    over_tiles(NT, M, tile);
   return yf;
 }
 
@@ -301,14 +442,21 @@ at::Tensor w8a8_mm_q(const at::Tensor& xq, const at::Tensor& xs, const at::Tenso
   float* o = yf.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const bool avx2 = avx2_path();
-  over_tiles(NT, M, [&](int64_t t, int64_t m0, auto mb) {
+  auto tile = [&](int64_t t, int64_t m0, auto mb) {
     if (avx2)
       w4a8_avx2::w8a8_tile(mb, w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
                            o + m0 * N + 16 * t, N);
     else
       tile_kernel8<decltype(mb)::value>(w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
                                         o + m0 * N + 16 * t, N);
-  });
+  };
+  if (current_isa() == ISA_AMX && M >= AMX_MIN_ROWS)
+    over_tiles_amx(NT, M, tile, [&](int64_t t, int64_t m0, int mb) {
+      amx_tile_kernel8(mb, w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
+                       o + m0 * N + 16 * t, N);
+    });
+  else
+    over_tiles(NT, M, tile);
   return yf;
 }
 
@@ -334,7 +482,7 @@ at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::T
 // AVX2 path keeps the unfused norm: w4a8.fused_norm_runs says which).
 std::vector<at::Tensor> add_rms_norm_q8(const c10::optional<at::Tensor>& x_in, at::Tensor residual,
                                         const at::Tensor& weight_in, double eps) {
-  TORCH_CHECK(current_isa() == ISA_AVX512, "add_rms_norm_q8 runs on the AVX512-VNNI path only");
+  TORCH_CHECK(current_isa() >= ISA_AVX512, "add_rms_norm_q8 runs on the AVX512-VNNI path only");
   TORCH_CHECK(residual.dim() == 2 && residual.scalar_type() == at::kFloat && residual.is_contiguous() &&
               residual.size(1) % 32 == 0, "add_rms_norm_q8: residual fp32 [M, K], contiguous, K % 32 == 0");
   const int64_t M = residual.size(0), K = residual.size(1), G = K / 32;
