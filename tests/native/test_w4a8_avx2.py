@@ -268,7 +268,7 @@ def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
     listing = subprocess.run(["objdump", "-d", "-C", library], capture_output=True, text=True, check=True).stdout
     function, offenders, avx512, avx2_ymm = "", set(), set(), set()
     allowed = re.compile(r"^(void |float )?(quantize_row|tile_kernel8?|group_dot|bf16x16_to_ps|rms_norm_row|add_row"
-                         r"|amx_tile_kernel8?|amx_group_dots|amx_config|amx_release)[<(]")
+                         r"|amx_tile_kernel8?|amx_group_dots|amx_groups|amx_config|amx_release)[<(]")
     for line in listing.splitlines():
         header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
         if header:

@@ -243,39 +243,66 @@ struct alignas(64) TileConfig {
 static void amx_config(int mb) {
   TileConfig cfg = {};
   cfg.palette_id = 1;
-  cfg.rows[0] = mb, cfg.colsb[0] = 64;  // C: mb x 16 int32
-  cfg.rows[1] = mb, cfg.colsb[1] = 32;  // A: mb x 32 int8
-  cfg.rows[2] = 8, cfg.colsb[2] = 64;   // B: 8 x (16 columns x 4 bytes)
+  for (int set = 0; set < 2; ++set) {  // two sets (tmm0-2, tmm3-5): one group's dots run while the last is summed
+    cfg.rows[3 * set] = mb, cfg.colsb[3 * set] = 64;          // C: mb x 16 int32
+    cfg.rows[3 * set + 1] = mb, cfg.colsb[3 * set + 1] = 32;  // A: mb x 32 int8
+    cfg.rows[3 * set + 2] = 8, cfg.colsb[3 * set + 2] = 64;   // B: 8 x (16 columns x 4 bytes)
+  }
   _tile_loadconfig(&cfg);
 }
 
 static void amx_release() { _tile_release(); }
 
-// C of one group into dots (mb x 16 int32): A from the rows' codes (stride K), B from b (stride 64).
+// C of one group into dots (mb x 16 int32) on tile set SET: A from the rows' codes (stride K), B from b (stride 64).
+template <int SET>
 static inline void amx_group_dots(const int8_t* xq, int64_t K, const uint8_t* b, int32_t* dots) {
-  _tile_zero(0);
-  _tile_loadd(1, xq, K);
-  _tile_loadd(2, b, 64);
-  _tile_dpbsud(0, 1, 2);
-  _tile_stored(0, dots, 64);
+  if constexpr (SET == 0) {
+    _tile_zero(0);
+    _tile_loadd(1, xq, K);
+    _tile_loadd(2, b, 64);
+    _tile_dpbsud(0, 1, 2);
+    _tile_stored(0, dots, 64);
+  } else {
+    _tile_zero(3);
+    _tile_loadd(4, xq, K);
+    _tile_loadd(5, b, 64);
+    _tile_dpbsud(3, 4, 5);
+    _tile_stored(3, dots, 64);
+  }
+}
+
+// Every group's dots in order, group g + 1's issued before group g's epilogue(g, dots) so the tile unit and the
+// vector units overlap; b_of(g, set) gives group g's B (unpacked into a buffer of that set, or in place).
+template <typename B, typename E>
+static inline void amx_groups(int64_t G, const int8_t* xq, int64_t K, B&& b_of, E&& epilogue) {
+  alignas(64) int32_t dots[2][AMX_ROWS * 16];
+  amx_group_dots<0>(xq, K, b_of(0, 0), dots[0]);
+  for (int64_t g = 0; g < G; g += 2) {
+    if (g + 1 < G) amx_group_dots<1>(xq + 32 * (g + 1), K, b_of(g + 1, 1), dots[1]);
+    epilogue(g, dots[0]);
+    if (g + 2 < G) amx_group_dots<0>(xq + 32 * (g + 2), K, b_of(g + 2, 0), dots[0]);
+    if (g + 1 < G) epilogue(g + 1, dots[1]);
+  }
 }
 
 static void amx_tile_kernel(int mb, const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
                             const float* xsum, float* out, int64_t ldo) {
   __m512 acc[AMX_ROWS], accm[AMX_ROWS];
   for (int m = 0; m < mb; ++m) { acc[m] = _mm512_setzero_ps(); accm[m] = _mm512_setzero_ps(); }
-  alignas(64) uint8_t r[8 * 64];
-  alignas(64) int32_t dots[AMX_ROWS * 16];
+  alignas(64) uint8_t r[2][8 * 64];
   const __m512i lo = _mm512_set1_epi8(0x0F);
-  for (int64_t g = 0; g < G; ++g) {
+  auto unpack = [&](int64_t g, int set) -> const uint8_t* {  // the block's nibbles as 8 x 64 unsigned bytes
     const uint8_t* b = w + g * BLK;
     for (int c = 0; c < BLK; c += 64) _mm_prefetch((const char*)(b + 8 * BLK + c), _MM_HINT_T0);
     for (int p = 0; p < 4; ++p) {
       __m512i v = _mm512_loadu_si512((const void*)(b + 64 * p));
-      _mm512_store_si512((void*)(r + 64 * p), _mm512_and_si512(v, lo));
-      _mm512_store_si512((void*)(r + 64 * (p + 4)), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo));
+      _mm512_store_si512((void*)(r[set] + 64 * p), _mm512_and_si512(v, lo));
+      _mm512_store_si512((void*)(r[set] + 64 * (p + 4)), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo));
     }
-    amx_group_dots(xq + 32 * g, K, r, dots);
+    return r[set];
+  };
+  amx_groups(G, xq, K, unpack, [&](int64_t g, const int32_t* dots) {
+    const uint8_t* b = w + g * BLK;
     __m512 sc = bf16x16_to_ps(b + 256);
     __m512 mn = _mm512_fnmadd_ps(_mm512_set1_ps(8.f), sc, bf16x16_to_ps(b + 288));  // zero - 8 scale
     for (int m = 0; m < mb; ++m) {
@@ -284,7 +311,7 @@ static void amx_tile_kernel(int mb, const uint8_t* w, int64_t G, const int8_t* x
       acc[m] = _mm512_fmadd_ps(d, sc, acc[m]);
       accm[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum[m * G + g]), accm[m]);
     }
-  }
+  });
   for (int m = 0; m < mb; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_add_ps(acc[m], accm[m]));
 }
 
@@ -292,17 +319,18 @@ static void amx_tile_kernel8(int mb, const uint8_t* w, int64_t G, const int8_t* 
                              const int32_t* qsum, const float* scale, float* out, int64_t ldo) {
   __m512 acc[AMX_ROWS];
   for (int m = 0; m < mb; ++m) acc[m] = _mm512_setzero_ps();
-  alignas(64) int32_t dots[AMX_ROWS * 16];
-  for (int64_t g = 0; g < G; ++g) {
+  auto block = [&](int64_t g, int) -> const uint8_t* {  // the packed block is B as it is
     const uint8_t* b = w + g * BLK8;
     for (int c = 0; c < BLK8; c += 64) _mm_prefetch((const char*)(b + 4 * BLK8 + c), _MM_HINT_T0);
-    amx_group_dots(xq + 32 * g, K, b, dots);
+    return b;
+  };
+  amx_groups(G, xq, K, block, [&](int64_t g, const int32_t* dots) {
     for (int m = 0; m < mb; ++m) {
       __m512i dot = _mm512_sub_epi32(_mm512_load_si512((const void*)(dots + 16 * m)),
                                      _mm512_set1_epi32(128 * qsum[m * G + g]));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * G + g]), acc[m]);
     }
-  }
+  });
   __m512 sc = _mm512_loadu_ps(scale);
   for (int m = 0; m < mb; ++m) _mm512_storeu_ps(out + m * ldo, _mm512_mul_ps(acc[m], sc));
 }
