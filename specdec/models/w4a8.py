@@ -23,7 +23,7 @@ Every CPU: the kernels above are AVX512-VNNI's; csrc/w4a8_avx2.cpp holds the sam
 and vpmaddwd instead of vpdpbusd, two 8-lane halves per 16-column tile), reading the same packed weights and
 giving the same bits for every output: the integer dots are exact on both, and the activations' rounding and
 the fp32 epilogue are the same operations in the same order. Where the CPU has AMX (Intel, and Linux grants the
-tile data, as torch.cpu._init_amx asks) blocks of 4 to 16 rows go through AMX tiles instead: TDPBSUD (signed
+tile data, as torch.cpu._init_amx asks) blocks of 12 to 16 rows go through AMX tiles instead: TDPBSUD (signed
 activation codes x the packed block's unsigned bytes, read as they are) gives the same exact integer dots, and the
 epilogue is the VNNI kernels', so the bits are the same again. The C++ picks AMX, else AVX512-VNNI, else AVX2
 (`isa()`); SPECDEC_NATIVE_ISA=avx512 or avx2 (or `use_isa`) forces a lower path (tests compare the paths here).
@@ -144,7 +144,7 @@ def unavailable_reason() -> str:
 
 
 def isa() -> str:
-    """The instruction set the matmuls run on now: 'amx' (AVX512-VNNI, and AMX tiles for 4 rows or more), 'avx512'
+    """The instruction set the matmuls run on now: 'amx' (AVX512-VNNI, and AMX tiles for 12 rows or more), 'avx512'
     (AVX512-VNNI) or 'avx2' (calls load())."""
     return _module().isa()
 

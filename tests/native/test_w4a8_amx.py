@@ -83,7 +83,7 @@ def native(request, amx):
 
 
 def test_the_native_model_gives_the_same_logits_with_and_without_amx(native):
-    """A 70-token prefill in chunks of 32 (AMX tiles), decode steps (VNNI) and a tree pass of 6 rows (AMX): every
+    """A 70-token prefill in chunks of 32 (AMX tiles), decode steps (VNNI) and a tree pass of 14 rows (AMX): every
     layer's hidden state and the logits, bit for bit those of the AVX512-VNNI path."""
     import random
 
@@ -91,7 +91,8 @@ def test_the_native_model_gives_the_same_logits_with_and_without_amx(native):
 
     rng = random.Random(5)
     prompt = [rng.randrange(8, 380) for _ in range(70)]
-    tree_tokens, parents = [rng.randrange(8, 380) for _ in range(6)], [ROOT, 0, 1, 0, 3, ROOT]
+    tree_tokens = [rng.randrange(8, 380) for _ in range(14)]
+    parents = [ROOT, 0, 1, 0, 3, ROOT, 5, 6, 6, 8, ROOT, 10, 11, 2]
 
     def run():
         lm = native.new_cached_lm()

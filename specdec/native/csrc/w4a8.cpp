@@ -225,7 +225,7 @@ static void add_row(const float* x, float* residual, int64_t d) {
 // 16 columns for k = 4j..4j+3, the packed block's R[j] as it is) by TDPBSUD (signed x unsigned bytes): per row
 // and column the exact integer dot of group_dot. The fp32 epilogue is tile_kernel's / tile_kernel8's, operation
 // for operation, so every output has their bits.
-static constexpr int AMX_MIN_ROWS = 4;
+static constexpr int AMX_MIN_ROWS = 12;  // below, VNNI is as fast or faster (docs/benchmarks.md, *The AMX path*)
 static constexpr int AMX_ROWS = 16;
 
 #pragma GCC push_options
