@@ -1,4 +1,4 @@
-"""The matmuls' AMX path (specdec/native/csrc/w4a8.cpp, amx_*): on an Intel CPU with AMX, blocks of 4 to 16 rows go
+"""The matmuls' AMX path (specdec/native/csrc/w4a8.cpp, amx_*): on an Intel CPU with AMX, blocks of 12 to 16 rows go
 through AMX tiles, and every output has the AVX512-VNNI kernels' bits (the same exact integer dots, their epilogue),
 so a row's result does not depend on the path nor on the rows beside it.
 
