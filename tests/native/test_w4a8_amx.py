@@ -2,7 +2,8 @@
 through AMX tiles, and every output has the AVX512-VNNI kernels' bits (the same exact integer dots, their epilogue),
 so a row's result does not depend on the path nor on the rows beside it.
 
-The comparisons run where the CPU (and the OS) has AMX and are skipped, saying so, elsewhere; the refusal of the AMX
+test_w4a8_avx2.py's matmul tests compare the AMX path with AVX512-VNNI for 1..40 rows (its `pair` fixture). The
+comparisons run where the CPU (and the OS) has AMX and are skipped, saying so, elsewhere; the refusal of the AMX
 path on a CPU without it runs everywhere. The path each covers is in its id."""
 
 import os
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from test_w4a8_avx2 import DTYPES, activations, assert_same_bits, dtype_id, extreme_rows, w4_weight, w8_weight
+from test_w4a8_avx2 import activations, assert_same_bits, extreme_rows, w4_weight, w8_weight
 
 from specdec.models import w4a8
 
@@ -34,29 +35,6 @@ def on_both(fn):
     return a, b
 
 
-SHAPES = [(16, 32), (48, 96), (256, 1536), (1536, 256)]
-
-
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_amx_w4a8_equals_avx512_bit_for_bit_for_1_to_40_rows(amx, n, k, dtype):
-    packed = w4_weight(n, k)
-    x = activations(40, k).to(dtype)
-    for m in range(1, 41):
-        a, b = on_both(lambda: w4a8.matmul(x[:m], packed, n))
-        assert_same_bits(a, b, f"amx w4a8 {n}x{k} {dtype_id(dtype)} M={m}")
-
-
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_amx_w8a8_equals_avx512_bit_for_bit_for_1_to_40_rows(amx, n, k, dtype):
-    _, packed, scale = w8_weight(n, k)
-    x = activations(40, k).to(dtype)
-    for m in range(1, 41):
-        a, b = on_both(lambda: w4a8.matmul8(x[:m], packed, scale))
-        assert_same_bits(a, b, f"amx w8a8 {n}x{k} {dtype_id(dtype)} M={m}")
-
-
 def test_amx_extreme_activations_and_fused_rows_give_the_avx512_bits(amx):
     n, k = 48, 256
     x = extreme_rows(k)
@@ -64,10 +42,10 @@ def test_amx_extreme_activations_and_fused_rows_give_the_avx512_bits(amx):
     packed = w4_weight(n, k)
     for name, fn in (("w4a8", lambda: w4a8.matmul(x, packed, n)), ("w8a8", lambda: w4a8.matmul8(x, packed8, scale))):
         a, b = on_both(fn)
-        assert_same_bits(a, b, f"amx {name} extremes")
+        assert_same_bits(a, b, f"amx {name} extremes", ("amx", "avx512"))
     rows = lambda: w4a8.add_rms_norm_int8(None, activations(12, k), torch.ones(k), 1e-6)  # noqa: E731
     a, b = on_both(lambda: w4a8.matmul_rows(rows(), packed, n))
-    assert_same_bits(a, b, "amx w4a8 on the fused norm's int8 rows")
+    assert_same_bits(a, b, "amx w4a8 on the fused norm's int8 rows", ("amx", "avx512"))
 
 
 @pytest.fixture(params=("qwen2", "llama"))

@@ -53,13 +53,13 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
 
 
-def assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+def assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: str, paths: tuple[str, str] = ("avx512", "avx2")) -> None:
     assert a.dtype == b.dtype and a.shape == b.shape, what
     same = bits(a) == bits(b)
     if not bool(same.all()):
         row, col = (~same).nonzero()[0].tolist()
         raise AssertionError(f"{what}: {int((~same).sum())} elements differ, first at row {row} column {col}: "
-                             f"avx512 {a[row, col].item()!r}, avx2 {b[row, col].item()!r}")
+                             f"{paths[0]} {a[row, col].item()!r}, {paths[1]} {b[row, col].item()!r}")
 
 
 def gen(seed: int) -> torch.Generator:
@@ -112,7 +112,7 @@ def extreme_rows(k: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
-SHAPES = [(16, 32), (48, 96), (256, 1536)]  # one tile and one group; 3 tiles x 3 groups; Qwen's width
+SHAPES = [(16, 32), (48, 96), (256, 1536), (1536, 256)]  # one tile and group; 3 x 3; Qwen's width; a tall one
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -120,24 +120,50 @@ def dtype_id(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# the paths whose bits must agree: AVX2 against AVX512-VNNI, and AMX's tiles (blocks of 12-16 rows) against the
+# VNNI kernels (test_w4a8_amx.py has the rest of the AMX path's tests)
+PAIRS = [("avx512", "avx2"), ("amx", "avx512")]
+
+
+@pytest.fixture(params=PAIRS, ids=lambda pair: f"{pair[0]}-vs-{pair[1]}")
+def pair(request, kernel):
+    """(fn) -> (fn() on the first path, fn() on the second), and the paths; skips where the CPU lacks the first."""
+    first, second = request.param
+    if first == "amx" and w4a8.cpu_isa() != "amx":
+        pytest.skip(f"this CPU runs the {w4a8.cpu_isa()} path, not AMX: the AMX path is covered on CPUs with AMX")
+    if first == "avx512" and w4a8.cpu_isa() not in ("avx512", "amx"):
+        pytest.skip("the CPU lacks AVX512-VNNI: nothing to compare the avx2 path with (it runs alone below)")
+
+    def run(fn):
+        results = []
+        for isa in (first, second):
+            with w4a8.use_isa(isa):
+                assert w4a8.isa() == isa
+                results.append(fn())
+        return results
+
+    run.paths = request.param
+    return run
+
+
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_w4a8_avx2_equals_avx512_bit_for_bit_for_1_to_33_rows(both, n, k, dtype):
+def test_w4a8_paths_agree_bit_for_bit_for_1_to_40_rows(pair, n, k, dtype):
     packed = w4_weight(n, k)
-    x = activations(33, k).to(dtype)
-    for m in range(1, 34):
-        a, b = both(lambda: w4a8.matmul(x[:m], packed, n))
-        assert_same_bits(a, b, f"w4a8 {n}x{k} {dtype_id(dtype)} M={m}")
+    x = activations(40, k).to(dtype)
+    for m in range(1, 41):
+        a, b = pair(lambda: w4a8.matmul(x[:m], packed, n))
+        assert_same_bits(a, b, f"w4a8 {n}x{k} {dtype_id(dtype)} M={m}", pair.paths)
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_w8a8_avx2_equals_avx512_bit_for_bit_for_1_to_33_rows(both, n, k, dtype):
+def test_w8a8_paths_agree_bit_for_bit_for_1_to_40_rows(pair, n, k, dtype):
     _, packed, scale = w8_weight(n, k)
-    x = activations(33, k).to(dtype)
-    for m in range(1, 34):
-        a, b = both(lambda: w4a8.matmul8(x[:m], packed, scale))
-        assert_same_bits(a, b, f"w8a8 {n}x{k} {dtype_id(dtype)} M={m}")
+    x = activations(40, k).to(dtype)
+    for m in range(1, 41):
+        a, b = pair(lambda: w4a8.matmul8(x[:m], packed, scale))
+        assert_same_bits(a, b, f"w8a8 {n}x{k} {dtype_id(dtype)} M={m}", pair.paths)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
