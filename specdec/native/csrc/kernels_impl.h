@@ -2,7 +2,8 @@
 // chosen its target and namespace (SPECDEC_NATIVE_NS) and, for AVX512, defined SPECDEC_NATIVE_AVX512.
 // Only the V16 type below differs between the two: every operation on it is lane-wise and IEEE
 // correctly rounded (add, mul, fma, div, max, min, round-to-nearest, integer shifts), and every
-// reduction goes through fold8 + hsum8 in one fixed order, so both paths produce the same bits.
+// reduction goes through one fixed tree (fold8 + hsum8, or reduce16 doing the same for 16 vectors at
+// once, with the same lanes meeting in the same order), so both paths produce the same bits.
 // Compiled with -ffp-contract=off: no fused multiply-add that the source does not write.
 
 namespace specdec_native {
@@ -30,6 +31,8 @@ static inline V16 min(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
 static inline V16 round_nearest(V16 a) {
   return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
 }
+// every lane = lane i of a (0 <= i < 16)
+static inline V16 lane(V16 a, int i) { return {_mm512_permutexvar_ps(_mm512_set1_epi32(i), a.v)}; }
 // 2^n for integral n in [-126, 127] given as floats.
 static inline V16 pow2(V16 n) {
   __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
@@ -45,6 +48,30 @@ static inline __m256 fold8_max(V16 a) {
   __m256 lo = _mm512_castps512_ps256(a.v);
   __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1));
   return _mm256_max_ps(lo, hi);
+}
+// The fixed tree's four steps on two vectors a, b at once (see reduce16). With A0..A3, B0..B3 their 4-lane
+// blocks and Aj0..Aj3 the lanes of block j, each step is Op(lower lanes, higher lanes), as in fold8 and hsum8:
+//   pairs8: Op([A0 A1 B0 B1], [A2 A3 B2 B3])
+//   pairs4: Op([A0 A2 B0 B2], [A1 A3 B1 B3])
+//   pairs2: in each block j, Op([Aj0 Aj1 Bj0 Bj1], [Aj2 Aj3 Bj2 Bj3])
+//   pairs1: in each block j, Op([Aj0 Aj2 Bj0 Bj2], [Aj1 Aj3 Bj1 Bj3])
+template <class Op>
+static inline V16 pairs8(V16 a, V16 b) {
+  return Op::f({_mm512_shuffle_f32x4(a.v, b.v, 0x44)}, {_mm512_shuffle_f32x4(a.v, b.v, 0xEE)});
+}
+template <class Op>
+static inline V16 pairs4(V16 a, V16 b) {
+  return Op::f({_mm512_shuffle_f32x4(a.v, b.v, 0x88)}, {_mm512_shuffle_f32x4(a.v, b.v, 0xDD)});
+}
+template <class Op>
+static inline V16 pairs2(V16 a, V16 b) {
+  const __m512d x = _mm512_castps_pd(a.v), y = _mm512_castps_pd(b.v);
+  return Op::f({_mm512_castpd_ps(_mm512_unpacklo_pd(x, y))}, {_mm512_castpd_ps(_mm512_unpackhi_pd(x, y))});
+}
+template <class Op>
+static inline V16 pairs1(V16 a, V16 b) {
+  return Op::f({_mm512_shuffle_ps(a.v, b.v, _MM_SHUFFLE(2, 0, 2, 0))},
+               {_mm512_shuffle_ps(a.v, b.v, _MM_SHUFFLE(3, 1, 3, 1))});
 }
 #else
 struct V16 {
@@ -80,8 +107,38 @@ static inline __m256 pow2x8(__m256 n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
 }
 static inline V16 pow2(V16 n) { return {pow2x8(n.lo), pow2x8(n.hi)}; }
+static inline V16 lane(V16 a, int i) {
+  const __m256 x = _mm256_permutevar8x32_ps(i < 8 ? a.lo : a.hi, _mm256_set1_epi32(i & 7));
+  return {x, x};
+}
 static inline __m256 fold8(V16 a) { return _mm256_add_ps(a.lo, a.hi); }
 static inline __m256 fold8_max(V16 a) { return _mm256_max_ps(a.lo, a.hi); }
+// pairs8 .. pairs1: the same lanes as the AVX512 ones above (lo holds blocks 0, 1; hi blocks 2, 3)
+template <class Op>
+static inline V16 pairs8(V16 a, V16 b) {
+  return Op::f({a.lo, b.lo}, {a.hi, b.hi});
+}
+template <class Op>
+static inline V16 pairs4(V16 a, V16 b) {
+  return Op::f({_mm256_permute2f128_ps(a.lo, a.hi, 0x20), _mm256_permute2f128_ps(b.lo, b.hi, 0x20)},
+               {_mm256_permute2f128_ps(a.lo, a.hi, 0x31), _mm256_permute2f128_ps(b.lo, b.hi, 0x31)});
+}
+static inline __m256 unpack_lo64(__m256 a, __m256 b) {
+  return _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b)));
+}
+static inline __m256 unpack_hi64(__m256 a, __m256 b) {
+  return _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b)));
+}
+template <class Op>
+static inline V16 pairs2(V16 a, V16 b) {
+  return Op::f({unpack_lo64(a.lo, b.lo), unpack_lo64(a.hi, b.hi)}, {unpack_hi64(a.lo, b.lo), unpack_hi64(a.hi, b.hi)});
+}
+template <class Op>
+static inline V16 pairs1(V16 a, V16 b) {
+  constexpr int even = _MM_SHUFFLE(2, 0, 2, 0), odd = _MM_SHUFFLE(3, 1, 3, 1);
+  return Op::f({_mm256_shuffle_ps(a.lo, b.lo, even), _mm256_shuffle_ps(a.hi, b.hi, even)},
+               {_mm256_shuffle_ps(a.lo, b.lo, odd), _mm256_shuffle_ps(a.hi, b.hi, odd)});
+}
 #endif
 
 // The rest of the fixed tree, shared by both paths: (i + i+4), then (i + i+2), then (0 + 1).
@@ -99,6 +156,26 @@ static inline float hmax8(__m256 x) {
 }
 static inline float hsum(V16 a) { return hsum8(fold8(a)); }
 static inline float hmax(V16 a) { return hmax8(fold8_max(a)); }
+
+// Sixteen reductions at once: lane k of reduce16<Add>(d) is hsum(d[k]), of reduce16<Max>(d) hmax(d[k]), bit for
+// bit. Each step pairs two vectors so that one Op does that step of the tree for both (the same two lanes meet,
+// in the same order, as in hsum); vector k starts in slot 4 (k % 4) + k / 4 (a 4x4 transpose), which the four
+// steps undo, so the results come out in order.
+struct Add {
+  static V16 f(V16 a, V16 b) { return add(a, b); }
+};
+struct Max {
+  static V16 f(V16 a, V16 b) { return max(a, b); }
+};
+template <class Op>
+static inline V16 reduce16(const V16* d) {
+  const V16 s8[8] = {pairs8<Op>(d[0], d[4]), pairs8<Op>(d[8], d[12]), pairs8<Op>(d[1], d[5]),
+                     pairs8<Op>(d[9], d[13]), pairs8<Op>(d[2], d[6]), pairs8<Op>(d[10], d[14]),
+                     pairs8<Op>(d[3], d[7]), pairs8<Op>(d[11], d[15])};
+  const V16 s4[4] = {pairs4<Op>(s8[0], s8[1]), pairs4<Op>(s8[2], s8[3]), pairs4<Op>(s8[4], s8[5]),
+                     pairs4<Op>(s8[6], s8[7])};
+  return pairs1<Op>(pairs2<Op>(s4[0], s4[1]), pairs2<Op>(s4[2], s4[3]));
+}
 
 // exp(x): Cephes' expf polynomial with a Cody-Waite split of ln 2, every step an explicit lane-wise
 // IEEE operation. x is clamped to [-87, 88] (so 2^n stays a normal number; exp(-87) ~ 1.6e-38 stands
@@ -253,7 +330,9 @@ void qkv_rope_cache_row(const float* qkv, const float* bias, int64_t Hq, int64_t
 // order, a zero-padded last chunk) and the fixed tree, times scale; per block the max, exp of the
 // differences (padding keys get p = 0 and no value), the block's sum by the fixed tree over its two
 // 16-lane halves, acc = acc * exp(m_old - m_new) then acc += p_j * v_j in key order; out = acc / l.
-// Heads share only the loads of a key: their arithmetic never mixes.
+// Heads share only the loads of a key: their arithmetic never mixes. How the work is arranged (16 keys'
+// trees at once, the heads' bookkeeping in the lanes of one vector, several value chunks per pass) changes
+// no operation and no operand: tests/native/test_native_attention.py checks the bits against an emulation.
 constexpr int64_t BLOCK = 32;
 constexpr int64_t MAX_CHUNKS = MAX_HEAD / 16;
 constexpr int64_t MAX_GROUP = 8;    // heads per call (ops.cpp slices larger groups)
@@ -269,31 +348,61 @@ inline V16 load_kv<uint16_t>(const uint16_t* p, int64_t count) {
   return count == 16 ? load_bf16(p) : load_bf16_part(p, count);
 }
 
+// Chunks of values accumulated per pass over a block's keys: enough independent fma chains (G x H accumulators;
+// one V16 is two chains on AVX2) to hide the fma latency, few enough to stay in registers. Any G gives the same
+// bits: each (chunk, head) accumulator still takes its keys in order.
+#ifdef SPECDEC_NATIVE_AVX512
+template <int H>
+constexpr int value_chunks() { return H >= 5 ? 2 : H >= 3 ? 4 : 8; }
+#else
+template <int H>
+constexpr int value_chunks() { return H >= 4 ? 1 : H >= 2 ? 2 : 4; }
+#endif
+
+// For G chunks from c0: acc[c0 + g][h] *= corr[h] (unless corr is null), then += p[h][t] * v_t[chunk c0 + g] for
+// the block's keys t in order.
+template <typename T, int H, int G>
+static inline void accumulate_values(V16 (*acc)[H], const float (*p)[BLOCK], const T* const* vp, int64_t count,
+                                     int64_t c0, int64_t chunks, int64_t last, const float* corr) {
+  V16 a[G][H];
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < H; ++h) a[g][h] = corr ? mul(acc[c0 + g][h], set1(corr[h])) : acc[c0 + g][h];
+  for (int64_t t = 0; t < count; ++t) {
+    for (int g = 0; g < G; ++g) {
+      const V16 v = load_kv<T>(vp[t] + (c0 + g) * 16, c0 + g == chunks - 1 ? last : 16);
+      for (int h = 0; h < H; ++h) a[g][h] = fma(set1(p[h][t]), v, a[g][h]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int h = 0; h < H; ++h) acc[c0 + g][h] = a[g][h];
+}
+
 // H: the number of heads, fixed at compile time so their loops unroll and their accumulators stay in registers.
-template <typename T, int H>
+// CH: the number of 16-lane chunks in a head when fixed at compile time (D = 16 CH), or 0 for any D.
+template <typename T, int H, int CH>
 static void attention_group_t(const float* const* q, float* const* out, int64_t D, const T* kbase, const T* vbase,
                               int64_t stride, const RowKeys& keys, float scale) {
-  const int64_t chunks = (D + 15) / 16;
-  const int64_t last = D - (chunks - 1) * 16;  // lanes in the last chunk
+  const int64_t chunks = CH > 0 ? CH : (D + 15) / 16;
+  const int64_t last = CH > 0 ? 16 : D - (chunks - 1) * 16;  // lanes in the last chunk
   const int64_t L = keys.prefix + keys.n_extra;
-  V16 qv[MAX_CHUNKS][H];
-  V16 acc[MAX_CHUNKS][H];
-  float m[H], l[H];
+  V16 qv[CH > 0 ? CH : MAX_CHUNKS][H];
+  V16 acc[CH > 0 ? CH : MAX_CHUNKS][H];
   for (int h = 0; h < H; ++h) {
     for (int64_t c = 0; c < chunks; ++c) {
       qv[c][h] = load_any(q[h] + c * 16, c == chunks - 1 ? last : 16);
       acc[c][h] = zero();
     }
-    m[h] = -__builtin_inff();
-    l[h] = 0.0f;
   }
+  // the running max and sum, lane h for head h (lanes past H are never read)
+  V16 m = set1(-__builtin_inff()), l = zero();
   if (L == 0) {  // a row that sees nothing: zeros (no softmax over an empty set)
     for (int h = 0; h < H; ++h)
       for (int64_t i = 0; i < D; ++i) out[h][i] = 0.0f;
     return;
   }
+  const V16 vscale = set1(scale);
   alignas(64) float s[H][BLOCK];
-  alignas(64) float p[BLOCK][H];
+  alignas(64) float p[H][BLOCK];
   const T* kp[BLOCK];
   const T* vp[BLOCK];
   for (int64_t b0 = 0; b0 < L; b0 += BLOCK) {
@@ -304,55 +413,70 @@ static void attention_group_t(const float* const* q, float* const* out, int64_t 
       kp[t] = kbase + slot * stride;
       vp[t] = vbase + slot * stride;
     }
-    // scores: per key and head, 16 lanes over D chunk by chunk, then the fixed tree
-    for (int64_t t = 0; t < count; ++t) {
-      V16 dot[H];
-      for (int h = 0; h < H; ++h) dot[h] = zero();
-      for (int64_t c = 0; c < chunks; ++c) {
-        const V16 k = load_kv<T>(kp[t] + c * 16, c == chunks - 1 ? last : 16);
-        for (int h = 0; h < H; ++h) dot[h] = fma(qv[c][h], k, dot[h]);
+    // scores: per key and head, 16 lanes over D chunk by chunk, then the fixed tree for 16 keys at once
+    // (reduce16; padding keys get a zero dot, and their scores are replaced by -inf below)
+    for (int64_t g0 = 0; g0 < count; g0 += 16) {
+      const int64_t in_group = count - g0 < 16 ? count - g0 : 16;
+      alignas(64) V16 dots[H][16];
+      for (int64_t t = 0; t < in_group; ++t) {
+        const T* k_row = kp[g0 + t];
+        V16 dot[H];
+        for (int h = 0; h < H; ++h) dot[h] = zero();
+        for (int64_t c = 0; c < chunks; ++c) {
+          const V16 k = load_kv<T>(k_row + c * 16, c == chunks - 1 ? last : 16);
+          for (int h = 0; h < H; ++h) dot[h] = fma(qv[c][h], k, dot[h]);
+        }
+        for (int h = 0; h < H; ++h) dots[h][t] = dot[h];
       }
-      for (int h = 0; h < H; ++h) s[h][t] = hsum(dot[h]) * scale;
+      for (int64_t t = in_group; t < 16; ++t)
+        for (int h = 0; h < H; ++h) dots[h][t] = zero();
+      for (int h = 0; h < H; ++h) store(s[h] + g0, mul(reduce16<Add>(dots[h]), vscale));
     }
+    // softmax bookkeeping, each head on its own but with the heads in the lanes of one vector for m, l, their
+    // reductions and corr = exp(m_old - m_new) (lane h of reduce16, max, sub, exp16 is exactly what the one-head
+    // hmax, comparison, difference and exp give)
+    V16 red[16];
+    for (int h = 0; h < 16; ++h) red[h] = zero();
     for (int h = 0; h < H; ++h) {
       for (int64_t t = count; t < BLOCK; ++t) s[h][t] = -__builtin_inff();
-      const V16 s0 = load(s[h]), s1 = load(s[h] + 16);
-      const float m_block = hmax(max(s0, s1));
-      const float m_new = m[h] > m_block ? m[h] : m_block;
-      const V16 vm = set1(m_new);
-      alignas(64) float e[BLOCK];
-      store(e, exp16(sub(s0, vm)));
-      store(e + 16, exp16(sub(s1, vm)));
-      for (int64_t t = count; t < BLOCK; ++t) e[t] = 0.0f;
-      for (int64_t t = 0; t < BLOCK; ++t) p[t][h] = e[t];
-      const float l_block = hsum(add(load(e), load(e + 16)));
-      if (b0 == 0) {
-        l[h] = l_block;
-      } else {
-        alignas(64) float corr[16];
-        store(corr, exp16(set1(m[h] - m_new)));
-        l[h] = l[h] * corr[0] + l_block;
-        const V16 vc = set1(corr[0]);
-        for (int64_t c = 0; c < chunks; ++c) acc[c][h] = mul(acc[c][h], vc);
-      }
-      m[h] = m_new;
+      red[h] = max(load(s[h]), load(s[h] + 16));
     }
-    // values: acc[c][h] += p[t][h] * v[t][c], keys in order (chunk-outer so the H accumulators stay in registers)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t lanes = c == chunks - 1 ? last : 16;
-      V16 a[H];
-      for (int h = 0; h < H; ++h) a[h] = acc[c][h];
-      for (int64_t t = 0; t < count; ++t) {
-        const V16 v = load_kv<T>(vp[t] + c * 16, lanes);
-        for (int h = 0; h < H; ++h) a[h] = fma(set1(p[t][h]), v, a[h]);
-      }
-      for (int h = 0; h < H; ++h) acc[c][h] = a[h];
+    const V16 m_new = max(m, reduce16<Max>(red));  // lane h: m[h] > m_block[h] ? m[h] : m_block[h]
+    const bool rescale = b0 > 0;  // the first block sets l and acc; later ones scale them by corr
+    alignas(64) float corr[16];
+    if (rescale) store(corr, exp16(sub(m, m_new)));
+    m = m_new;
+    for (int h = 0; h < H; ++h) {
+      const V16 vm = lane(m_new, h);
+      store(p[h], exp16(sub(load(s[h]), vm)));
+      store(p[h] + 16, exp16(sub(load(s[h] + 16), vm)));
+      for (int64_t t = count; t < BLOCK; ++t) p[h][t] = 0.0f;
+      red[h] = add(load(p[h]), load(p[h] + 16));
     }
+    const V16 l_block = reduce16<Add>(red);
+    l = rescale ? add(mul(l, load(corr)), l_block) : l_block;
+    // values: acc[c][h] = acc[c][h] * corr[h] (after the first block), then += p[h][t] * v[t][c] with the keys in
+    // order, value_chunks() chunks per pass
+    constexpr int G = value_chunks<H>();
+    int64_t c0 = 0;
+    for (; c0 + G <= chunks; c0 += G)
+      accumulate_values<T, H, G>(acc, p, vp, count, c0, chunks, last, rescale ? corr : nullptr);
+    for (; c0 < chunks; ++c0) accumulate_values<T, H, 1>(acc, p, vp, count, c0, chunks, last, rescale ? corr : nullptr);
   }
   for (int h = 0; h < H; ++h) {
-    const V16 vl = set1(l[h]);
+    const V16 vl = lane(l, h);
     for (int64_t c = 0; c < chunks; ++c)
       store_any(out[h] + c * 16, div(acc[c][h], vl), c == chunks - 1 ? last : 16);
+  }
+}
+
+template <typename T, int H>
+static void attention_sized(const float* const* q, float* const* out, int64_t D, const T* k, const T* v,
+                            int64_t stride, const RowKeys& keys, float scale) {
+  switch (D) {  // the head sizes of the models we run get their chunk loops unrolled
+    case 64: return attention_group_t<T, H, 4>(q, out, D, k, v, stride, keys, scale);
+    case 128: return attention_group_t<T, H, 8>(q, out, D, k, v, stride, keys, scale);
+    default: return attention_group_t<T, H, 0>(q, out, D, k, v, stride, keys, scale);
   }
 }
 
@@ -360,14 +484,14 @@ template <typename T>
 static void attention_dispatch(const float* const* q, float* const* out, int64_t heads, int64_t D, const T* k,
                                const T* v, int64_t stride, const RowKeys& keys, float scale) {
   switch (heads) {
-    case 1: return attention_group_t<T, 1>(q, out, D, k, v, stride, keys, scale);
-    case 2: return attention_group_t<T, 2>(q, out, D, k, v, stride, keys, scale);
-    case 3: return attention_group_t<T, 3>(q, out, D, k, v, stride, keys, scale);
-    case 4: return attention_group_t<T, 4>(q, out, D, k, v, stride, keys, scale);
-    case 5: return attention_group_t<T, 5>(q, out, D, k, v, stride, keys, scale);
-    case 6: return attention_group_t<T, 6>(q, out, D, k, v, stride, keys, scale);
-    case 7: return attention_group_t<T, 7>(q, out, D, k, v, stride, keys, scale);
-    default: return attention_group_t<T, 8>(q, out, D, k, v, stride, keys, scale);
+    case 1: return attention_sized<T, 1>(q, out, D, k, v, stride, keys, scale);
+    case 2: return attention_sized<T, 2>(q, out, D, k, v, stride, keys, scale);
+    case 3: return attention_sized<T, 3>(q, out, D, k, v, stride, keys, scale);
+    case 4: return attention_sized<T, 4>(q, out, D, k, v, stride, keys, scale);
+    case 5: return attention_sized<T, 5>(q, out, D, k, v, stride, keys, scale);
+    case 6: return attention_sized<T, 6>(q, out, D, k, v, stride, keys, scale);
+    case 7: return attention_sized<T, 7>(q, out, D, k, v, stride, keys, scale);
+    default: return attention_sized<T, 8>(q, out, D, k, v, stride, keys, scale);
   }
 }
 
