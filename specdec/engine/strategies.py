@@ -6,6 +6,7 @@ program."""
 
 from __future__ import annotations
 
+from specdec.engine.drafters.draft_view import DRAFT_SUFFIX_TOKENS
 from specdec.errors import SpecdecError
 
 STRATEGIES = ("plain", "draft", "lookup", "auto", "repo", "tree")  # importable without torch (the settings use it)
@@ -51,14 +52,16 @@ def uses_repo_index(strategy: str) -> bool:
 
 
 def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_draft: int = 8, repo_index=None,
-                 prompt_markers=None, cost_curve=None):
+                 prompt_markers=None, cost_curve=None, draft_suffix_tokens: int | None = DRAFT_SUFFIX_TOKENS):
     """repo_index: a RepoIndex for `repo`, `auto` and `tree`; prompt_markers: the FIM format's PromptMarkers, so the
-    index matches the text before the cursor (without them it matches the context's raw tail); cost_curve: the
-    target's (target_cost_curve), needed by `tree`; with it `auto`'s draft model plans its drafts (without it,
-    or where the draft's attention takes no tree mask, it drafts chains)."""
+    index matches the text before the cursor (without them it matches the context's raw tail) and the draft model
+    reads the prompt's suffix section cut to its first draft_suffix_tokens tokens (draft_view.py; None: all of
+    it); cost_curve: the target's (target_cost_curve), needed by `tree`; with it `auto`'s draft model plans its
+    drafts (without it, or where the draft's attention takes no tree mask, it drafts chains)."""
     from specdec.engine.draft_length import DraftLength
     from specdec.engine.drafters.composite import Composite
     from specdec.engine.drafters.draft_model import DraftModel
+    from specdec.engine.drafters.draft_view import DraftView
     from specdec.engine.drafters.prompt_lookup import PromptLookup
     from specdec.engine.drafters.repo import RepoDrafter
 
@@ -68,6 +71,7 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
         return None
     if strategy in ("draft", "tree") and draft_model is None:
         raise SpecdecError(f"strategy {strategy!r} needs a draft model (--draft)")
+    view = DraftView(prompt_markers, draft_suffix_tokens) if prompt_markers is not None else None
     if strategy == "tree":
         from specdec.engine.drafters.draft_tree import DraftTree
         from specdec.engine.drafters.lookup_tree import LookupTree
@@ -76,7 +80,7 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
 
         if cost_curve is None:
             raise SpecdecError("strategy 'tree' needs the target's measured cost curve (strategies.target_cost_curve)")
-        model = DraftTree(draft_model, length=DraftLength(k_max=max_draft, adaptive=adaptive))
+        model = DraftTree(draft_model, length=DraftLength(k_max=max_draft, adaptive=adaptive), view=view)
         # as in auto: beside a draft model, a lookup speaks only on a real repeat (it spends the tree's budget)
         repo = None if repo_index is None else RepoDrafter(repo_index, min_match=4, markers=prompt_markers)
         return UnionTree(model, TreePlanner(cost_curve, max_nodes=max_draft), LookupTree(max_ngram=4, min_ngram=3),
@@ -89,7 +93,7 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
     if strategy == "lookup" or (draft_model is None and repo_index is None):  # auto without either: lookup alone
         return PromptLookup(length=DraftLength(k_max=max_draft, draft_cost=0.0, acceptance=0.5, adaptive=adaptive))
     if strategy == "draft":
-        return DraftModel(draft_model, DraftLength(k_max=max_draft, adaptive=adaptive))
+        return DraftModel(draft_model, DraftLength(k_max=max_draft, adaptive=adaptive), view)
     # auto. In front of a draft model, lookups speak only on a real repeat: a 1-2 token match is mostly noise.
     members = []
     if repo_index is not None:
@@ -102,11 +106,11 @@ def make_drafter(strategy: str, draft_model=None, adaptive: bool = True, max_dra
         members.append(PromptLookup(max_ngram=4, min_ngram=3, length=DraftLength(
             k_max=max_draft, draft_cost=0.0, acceptance=0.6, adaptive=adaptive)))
         members.append(_planned_draft(draft_model, DraftLength(k_max=max_draft, adaptive=adaptive), max_draft,
-                                      cost_curve))
+                                      cost_curve, view))
     return Composite(*members)
 
 
-def _planned_draft(draft_model, length, max_draft: int, cost_curve):
+def _planned_draft(draft_model, length, max_draft: int, cost_curve, view=None):
     """auto's draft-model member: with the target's cost curve, a DraftTree whose planner (Sequoia's program)
     picks a chain where trees do not pay, a tree where they do, nothing where drafting does not; without one,
     or where the draft's attention takes no tree mask, the chain drafter."""
@@ -122,10 +126,11 @@ def _planned_draft(draft_model, length, max_draft: int, cost_curve):
         except SpecdecError:
             pass
         else:
-            member = DraftTree(draft_model, length=length, planner=TreePlanner(cost_curve, max_nodes=max_draft))
+            member = DraftTree(draft_model, length=length, planner=TreePlanner(cost_curve, max_nodes=max_draft),
+                               view=view)
             member.name = DraftModel.name  # chain or tree, the draft model's drafts: one source in the statistics
             return member
-    return DraftModel(draft_model, length)
+    return DraftModel(draft_model, length, view)
 
 
 def make_session(target, tokenizer, strategy: str, draft_model=None, stop_token_ids=(), adaptive: bool = True,

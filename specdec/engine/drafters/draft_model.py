@@ -3,9 +3,13 @@ transformers module the drafter wraps in KVModel.
 
 It keeps its own KV cache; after a verification the context it is handed shares a
 prefix with what it has seen, so `sync` recomputes only the tokens that changed.
+With a `view` (draft_view.DraftView) the cache holds the view of the context, not the
+context: the draft reads less, the target still verifies against everything.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -18,9 +22,12 @@ from specdec.engine.sampling import SamplingConfig, probabilities, sample
 class DraftModel:
     name = "draft"
 
-    def __init__(self, model, length: DraftLength | None = None):
+    def __init__(self, model, length: DraftLength | None = None,
+                 view: Callable[[list[int]], list[int]] | None = None):
+        """view: what the draft reads of a context (None: all of it); pure, and view(c + g) == view(c) + g."""
         self.kv = as_cached_lm(model)
         self.length = length or DraftLength()
+        self.view = view
 
     @property
     def model(self):
@@ -33,8 +40,12 @@ class DraftModel:
     def observe(self, draft: Draft, accepted: int, draft_seconds: float, target_pass_seconds: float) -> None:
         self.length.observe(len(draft.tokens), accepted, draft_seconds, target_pass_seconds)
 
+    def seen(self, context: list[int]) -> list[int]:
+        """The tokens the draft's cache holds for this context: every sync goes through here."""
+        return self.view(context) if self.view is not None else context
+
     def prefill(self, context: list[int], should_stop=None) -> tuple[int, int]:
-        _, reused, computed = self.kv.sync(context, should_stop)
+        _, reused, computed = self.kv.sync(self.seen(context), should_stop)
         return reused, computed
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
@@ -42,7 +53,7 @@ class DraftModel:
         k = self.length.next_k(k)
         if k <= 0:
             return Draft([], None, self.name)
-        logits, _, _ = self.kv.sync(context)
+        logits, _, _ = self.kv.sync(self.seen(context))
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):

@@ -66,8 +66,8 @@ class DraftTree(DraftModel):
     name = "draft-tree"
 
     def __init__(self, model, limits: TreeLimits | None = None, length: DraftLength | None = None,
-                 shape: TreeShape | None = None, planner: TreePlanner | None = None):
-        super().__init__(model, length)
+                 shape: TreeShape | None = None, planner: TreePlanner | None = None, view=None):
+        super().__init__(model, length, view)
         self.kv.check_tree_attention()
         self.limits = limits or TreeLimits()
         self.shape = shape
@@ -112,7 +112,8 @@ class DraftTree(DraftModel):
         if nodes <= 0:
             return Draft([], None, self.name, plan=shape)
         started = time.perf_counter()
-        logits, _, self.catch_up = self.kv.sync(context)  # also drops what is left of an unverified tree
+        # the view's tokens; also drops what is left of an unverified tree
+        logits, _, self.catch_up = self.kv.sync(self.seen(context))
         synced = time.perf_counter()
         self._levels_run = 0
         belief = self._belief(logits[None], sampling)[0]
