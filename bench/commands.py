@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
+from specdec.engine.drafters.draft_view import DRAFT_SUFFIX_TOKENS
 from specdec.models.commands import add_model_args
 
 BENCH_GROUP = "specdec.bench"
@@ -28,6 +29,17 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
+def draft_suffix_tokens(text: str) -> int | None:
+    """--draft-suffix-tokens: a count, or `all` (None: the draft reads the whole suffix)."""
+    import argparse
+
+    if text == "all":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'all', got {text!r}")
+    return int(text)
+
+
 def register(sub) -> None:
     from specdec_bench import editor, finetune, humaneval_bench, kernels
 
@@ -43,6 +55,9 @@ def register(sub) -> None:
     p.add_argument("--max-draft", type=int, default=8)
     p.add_argument("--max-prefix-tokens", type=int, default=512)
     p.add_argument("--max-suffix-tokens", type=int, default=128)
+    p.add_argument("--draft-suffix-tokens", type=draft_suffix_tokens, default=DRAFT_SUFFIX_TOKENS,
+                   help="FIM suffix tokens the draft model reads (the target reads all); 'all' for the whole "
+                        f"suffix (default {DRAFT_SUFFIX_TOKENS}; docs/benchmarks.md, Round 3)")
     p.add_argument("--output", default=BENCH_OUTPUT)
     p.add_argument("--cold", action="store_true", help="no warm previous-keystroke request for our strategies")
     p.add_argument("--repo", action="append", default=[], metavar="PKG",

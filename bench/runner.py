@@ -151,7 +151,9 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
     from specdec.engine.session import GenerationConfig
     from specdec.models.int4 import int4_kernel_in_use
     from specdec.engine.cost_curve import cost_curve_key
+    from specdec.engine.drafters.draft_view import DRAFT_SUFFIX_TOKENS
     from specdec.engine.strategies import make_drafter, needs_cost_curve, needs_draft_model, target_cost_curve
+    from specdec.prompts import fim
 
     languages = [x.strip() for x in args.languages.split(",") if x.strip()] or None
     sources = local_sources(args.files) if args.files else SOURCES
@@ -193,7 +195,9 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
         session.cost_curve = curve  # learnt from every timed pass from here on, as in the server
         print(curve_line(curve), flush=True)
     repo = RepoRows(tokenizer) if "repo" in strategies else None
-    drafters = {s: make_drafter(s, draft, max_draft=args.max_draft, cost_curve=curve,
+    markers = fim.markers(tokenizer, completer.template)  # the draft model's view of the prompt; the repo rows' index
+    drafters = {s: make_drafter(s, draft, max_draft=args.max_draft, cost_curve=curve, prompt_markers=markers,
+                                draft_suffix_tokens=getattr(args, "draft_suffix_tokens", DRAFT_SUFFIX_TOKENS),
                                 **(repo.drafter_options() if s == "repo" else {})) for s in strategies if s in OURS}
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_draft=args.max_draft)
 
@@ -314,15 +318,13 @@ class RepoRows:
 
     def __init__(self, tokenizer):
         from specdec.engine.drafters.repo_index import RepoIndex
-        from specdec.prompts import fim
 
         self.tokenizer = tokenizer
         self.index = RepoIndex()
-        self.markers = fim.markers(tokenizer, fim.detect(tokenizer))
         self.source = None
 
     def drafter_options(self) -> dict:
-        return {"repo_index": self.index, "prompt_markers": self.markers}
+        return {"repo_index": self.index}
 
     def index_for(self, hole) -> None:
         from specdec_bench.workload import neighbours
@@ -359,7 +361,8 @@ def stats_row(s) -> dict:
     return dict(seconds=s.seconds, produced=s.produced, target_passes=s.target_passes, drafted=s.drafted,
                 accepted=s.accepted, acceptance_rate=s.acceptance_rate, tokens_per_pass=s.tokens_per_pass,
                 prefill_reused=s.prefill_reused, prefill_computed=s.prefill_computed,
-                prefill_seconds=s.prefill_seconds, draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
+                draft_prefill_computed=s.draft_prefill_computed, prefill_seconds=s.prefill_seconds,
+                draft_seconds=s.draft_seconds, verify_seconds=s.verify_seconds,
                 drafted_by=s.drafted_by, accepted_by=s.accepted_by, drafted_depth=s.drafted_depth,
                 tree_passes=s.tree_passes)
 

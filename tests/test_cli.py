@@ -123,11 +123,14 @@ def test_bench_on_local_files_records_what_auto_dtype_resolved_to(capsys, models
     out = tmp_path / "bench.json"
     status, printed, err = run(capsys, "bench", "--target", models[0], "--draft", models[1], "--strategies",
                              "plain,draft,llama-plain", "--files", code, "--holes", 1, "--max-new-tokens", 6,
-                             "--output", out)
+                             "--draft-suffix-tokens", 4, "--output", out)
     assert status == 0 and "(float32)" in printed, err
     assert "llama.cpp is not installed: skipping llama-plain" in printed and "pip install" in printed
     result = json.loads(out.read_text())
     assert result["config"]["dtype"] == "auto" and result["target_dtype"] == "float32"
+    assert result["config"]["draft_suffix_tokens"] == 4  # the draft read 4 suffix tokens of each prompt
+    draft_row = next(r for r in result["rows"] if r["strategy"] == "draft")
+    assert 0 < draft_row["draft_prefill_computed"] < draft_row["prefill_computed"]  # the target's: the whole suffix
     assert sorted(r["strategy"] for r in result["rows"]) == ["draft", "plain"]
     assert all(r["new_tokens"] >= 1 and r["equals_plain"] for r in result["rows"])
     # bandwidth: the machine's, measured by the run, and each row's weight bytes x tokens/s (gpt-fast's figure)
@@ -152,6 +155,12 @@ def test_bad_generation_arguments_refused_before_loading(capsys, source, monkeyp
     monkeypatch.setattr(loading, "load_pair", lambda *a, **k: pytest.fail("models loaded"))
     code, out, err = run(capsys, "complete", source, "--line", 1, "--col", 1, flag, value)
     assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_bench_draft_suffix_tokens_takes_a_count_or_all(capsys):
+    with pytest.raises(SystemExit) as exit:
+        run(capsys, "bench", "--draft-suffix-tokens", "-1")
+    assert exit.value.code == 2 and "expected a non-negative integer or 'all', got '-1'" in capsys.readouterr().err
 
 
 def test_directory_is_not_a_missing_file(capsys, tmp_path):
