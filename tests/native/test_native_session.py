@@ -69,3 +69,31 @@ def test_every_strategy_gives_plain_greedy_output(target, draft, tok, strategy):
         drafted += out.stats.drafted
     if strategy != "plain":
         assert drafted > 0, f"{strategy} never drafted: the test would prove nothing"
+
+
+@pytest.mark.parametrize("strategy", ["draft", "tree"])
+def test_the_drafts_view_of_a_fim_prompt_gives_plain_greedy_output(target, draft, tok, strategy):
+    """With the FIM markers the draft reads the prompt's suffix cut short (draft_view.py) in its own cache, native
+    or not; output is still the target's, and every sync of the draft's cache is of the view."""
+    from specdec.engine.drafters.draft_view import DRAFT_SUFFIX_TOKENS, suffix_section
+    from specdec.prompts import fim
+
+    template = fim.detect(tok)
+    markers = fim.markers(tok, template)
+    session = make_session(target, tok, strategy, draft, max_draft=8, prompt_markers=markers, cost_curve=CURVE)
+    drafter = session.drafter.model if strategy == "tree" else session.drafter
+    synced = []
+    sync = drafter.kv.sync
+
+    def recorded(context, should_stop=None):
+        synced.append(list(context))
+        return sync(context, should_stop)
+
+    drafter.kv.sync = recorded
+    for prefix in ("class Point:\n    def", "class Point:\n    def _"):  # a keystroke: the second reuses the first
+        prompt = fim.build(tok, template, prefix, "\n        return self\n" + PROMPTS[2] * 2).ids
+        out = session.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW, max_draft=8))
+        assert out.tokens == plain_greedy(target, prompt, MAX_NEW, tok.eos_token_id), (strategy, prefix)
+        assert out.stats.drafted > 0
+    sections = [suffix_section(context, markers) for context in synced]
+    assert sections and all(end - start == DRAFT_SUFFIX_TOKENS for start, end in sections)
