@@ -14,6 +14,8 @@ from specdec.engine.draft_length import DraftLength
 from specdec.prompts.holes import SourceFile, cut_holes
 from specdec.prompts.completion import Completer
 from specdec.engine.drafters.draft_model import DraftModel
+from specdec.engine.drafters.draft_view import DRAFT_SUFFIX_TOKENS, DraftView
+from specdec.prompts import fim
 from specdec.engine.session import GenerationConfig, Session
 from specdec.engine.sampling import SamplingConfig
 
@@ -41,7 +43,10 @@ def measure(target, draft, tokenizer, holes, max_new_tokens: int = 32, k: int = 
             max_prefix_tokens: int = 512, max_suffix_tokens: int = 128,
             sampling: SamplingConfig = SamplingConfig()) -> dict:
     """Totals and per-language acceptance / tokens per pass of `draft` speculating for `target`."""
-    session = Session(target, tokenizer, DraftModel(draft, DraftLength(k_max=k, adaptive=False)), strategy="draft")
+    # the draft reads the prompt as the server's does (draft_view: the suffix section cut short)
+    view = DraftView(fim.markers(tokenizer, fim.detect(tokenizer)), DRAFT_SUFFIX_TOKENS)
+    session = Session(target, tokenizer, DraftModel(draft, DraftLength(k_max=k, adaptive=False), view=view),
+                      strategy="draft")
     completer = Completer.for_session(session, max_prefix_tokens=max_prefix_tokens,
                                       max_suffix_tokens=max_suffix_tokens)
     config = GenerationConfig(max_new_tokens, sampling, max_draft=k)
