@@ -42,7 +42,8 @@ class Shortlist:
         self.tiles = min(tiles, self.vocab // w4a8.TILE_N)
         self.tile_bytes = output.packed.numel() // (self.vocab // w4a8.TILE_N)
         ids = self.tiles * w4a8.TILE_N  # the first tiles: a view of the full layer's leading bytes and columns
-        self.first = Linear(output.kernel, ids, output.in_features, packed=output.packed[: self.tiles * self.tile_bytes],
+        self.first = Linear(output.kernel, ids, output.in_features,
+                            packed=output.packed[: self.tiles * self.tile_bytes],
                             scale=None if output.scale is None else output.scale[:ids],
                             bias=None if output.bias is None else output.bias[:ids])
         self.always = sorted({i // w4a8.TILE_N for i in always if 0 <= i < self.vocab} - set(range(self.tiles)))

@@ -283,8 +283,8 @@ def test_an_avx2_only_cpu_passes_the_gates(monkeypatch):
 def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
     """The AVX2 path and the dispatch must run on a CPU without AVX512 (none here to run them on): in the built
     library, only the AVX512 kernels (quantize_row<T>, tile_kernel<MB>, tile_kernel8<MB>, the fused norm's
-    rms_norm_row and add_row, the AMX path's amx_*, global namespace) use zmm or mask registers or EVEX encodings; every w4a8_avx2::
-    function has AVX2 instructions and none of those."""
+    rms_norm_row and add_row, the AMX path's amx_*, global namespace) use zmm or mask registers or EVEX encodings;
+    every w4a8_avx2:: function has AVX2 instructions and none of those."""
     import re
     import shutil
 
