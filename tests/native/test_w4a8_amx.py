@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from test_w4a8_avx2 import activations, assert_same_bits, extreme_rows, w4_weight, w8_weight
+from test_w4a8_avx2 import activations, assert_same_bits, extreme_rows, tiny_native, w4_weight, w8_weight
 
 from specdec.models import w4a8
 
@@ -50,14 +50,7 @@ def test_amx_extreme_activations_and_fused_rows_give_the_avx512_bits(amx):
 
 @pytest.fixture(params=("qwen2", "llama"))
 def native(request, amx):
-    from native_models import kernels_or_skip, native_model
-
-    from specdec.native import ops
-
-    kernels_or_skip()
-    if not ops.available():
-        pytest.skip(f"the native ops cannot run here: {ops.unavailable_reason()}")
-    return native_model(capacity=256, arch=request.param)
+    return tiny_native(request.param)
 
 
 def test_the_native_model_gives_the_same_logits_with_and_without_amx(native):

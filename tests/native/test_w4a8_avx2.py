@@ -316,8 +316,8 @@ def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
 
 # ---- the whole native forward ----------------------------------------------------------------------------------
 
-@pytest.fixture(params=("qwen2", "llama"))
-def native(request, both):
+def tiny_native(arch: str):
+    """A tiny random GGUF of `arch` on the native forward; skips where its kernels or ops cannot run."""
     from native_models import kernels_or_skip, native_model
 
     from specdec.native import ops
@@ -325,7 +325,12 @@ def native(request, both):
     kernels_or_skip()
     if not ops.available():
         pytest.skip(f"the native ops cannot run here: {ops.unavailable_reason()}")
-    return native_model(capacity=256, arch=request.param)
+    return native_model(capacity=256, arch=arch)
+
+
+@pytest.fixture(params=("qwen2", "llama"))
+def native(request, both):
+    return tiny_native(request.param)
 
 
 def test_the_native_model_gives_the_same_logits_on_avx2_and_avx512(native):
