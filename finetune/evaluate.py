@@ -41,10 +41,11 @@ def holes_for(files, holes_per_file: int = 3, seed: int = 0):
 
 def measure(target, draft, tokenizer, holes, max_new_tokens: int = 32, k: int = 4,
             max_prefix_tokens: int = 512, max_suffix_tokens: int = 128,
-            sampling: SamplingConfig = SamplingConfig()) -> dict:
-    """Totals and per-language acceptance / tokens per pass of `draft` speculating for `target`."""
-    # the draft reads the prompt as the server's does (draft_view: the suffix section cut short)
-    view = DraftView(fim.markers(tokenizer, fim.detect(tokenizer)), DRAFT_SUFFIX_TOKENS)
+            sampling: SamplingConfig = SamplingConfig(),
+            draft_suffix_tokens: int | None = DRAFT_SUFFIX_TOKENS) -> dict:
+    """Totals and per-language acceptance / tokens per pass of `draft` speculating for `target`. The draft reads
+    the prompt as the server's does (draft_view: the suffix section cut to draft_suffix_tokens; None: all of it)."""
+    view = DraftView(fim.markers(tokenizer, fim.detect(tokenizer)), draft_suffix_tokens)
     session = Session(target, tokenizer, DraftModel(draft, DraftLength(k_max=k, adaptive=False), view=view),
                       strategy="draft")
     completer = Completer.for_session(session, max_prefix_tokens=max_prefix_tokens,

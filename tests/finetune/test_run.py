@@ -44,7 +44,9 @@ def test_sampled_evaluation_accepts_every_token_of_a_draft_that_is_the_target_an
     holes = holes_for(split_files(select(make_repo(tmp_path / "repo", files=4, git=False)), 0.0).train, 2, 0)
     target, draft = load(str(pair[0]), "fp32"), load(str(pair[1]), "fp32")
     hot = SamplingConfig(temperature=1.0, seed=7)
-    itself = measure(target.model, target.model, target.tokenizer, holes, 12, sampling=hot)["total"]
+    # the target as its own draft, reading the whole prompt (not the server's short view of the suffix)
+    itself = measure(target.model, target.model, target.tokenizer, holes, 12, sampling=hot,
+                     draft_suffix_tokens=None)["total"]
     assert itself["drafted"] > 0 and itself["acceptance_rate"] == 1.0  # p / q = 1: lossless sampling accepts all
     other = measure(target.model, draft.model, target.tokenizer, holes, 12, sampling=hot)["total"]
     assert other["acceptance_rate"] < 1.0
