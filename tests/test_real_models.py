@@ -68,8 +68,9 @@ NATIVE_HOLES = [(HOLE_PREFIX, HOLE_SUFFIX),
 
 @pytest.mark.slow
 def test_default_pair_on_the_native_forward_gives_plain_output_for_every_strategy(real_cache):
-    """The default configuration (int4 target and int8 draft on the native forward): every strategy's
-    greedy output equals plain greedy's, bit for bit, on a few holes."""
+    """The default configuration (int4 target and int8 draft on the native forward, the draft's shortlist and its
+    view of the prompt as the server has them): every strategy's greedy output equals plain greedy's, bit for bit,
+    on a few holes."""
     from specdec.engine.drafters.repo_index import RepoIndex
     from specdec.engine.strategies import STRATEGIES
     from specdec.models.loading import load_pair
@@ -85,9 +86,13 @@ def test_default_pair_on_the_native_forward_gives_plain_output_for_every_strateg
     tokenizer = pair.target.tokenizer
     index = RepoIndex()
     index.add("/w/stack.py", tokenizer.encode(NATIVE_HOLES[2][0] + "self.items.append(item)\n"))
+    from specdec.prompts import fim
+
+    markers = fim.markers(tokenizer, fim.detect(tokenizer))  # as the server passes them: the draft reads its view
     outputs = {}
     for strategy in STRATEGIES:
-        session = make_session(pair.target.model, tokenizer, strategy, pair.draft.model, repo_index=index)
+        session = make_session(pair.target.model, tokenizer, strategy, pair.draft.model, repo_index=index,
+                               prompt_markers=markers)
         completer = Completer.for_session(session)
         outputs[strategy] = [completer.complete(prefix, suffix, GenerationConfig(32)).tokens
                              for prefix, suffix in NATIVE_HOLES]
