@@ -15,6 +15,8 @@
 #include <type_traits>
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#endif
+#if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -31,12 +33,16 @@ enum MatmulIsa : int { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AMX = 3 }
 // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, what torch.cpu._init_amx asks): without it the first tile
 // instruction kills the process.
 static bool amx_usable() {
+#if defined(__linux__)
   static const bool usable = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
   }();
   return usable;
+#else
+  return false;  // another OS's way to grant the tile data is not written here: the VNNI kernels run
+#endif
 }
 #endif
 
