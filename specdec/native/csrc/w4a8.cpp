@@ -375,34 +375,36 @@ static void check_x(const at::Tensor& x, int64_t N, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, name, ": fp32 or bf16 x");
 }
 
-// Every (16-column tile, block of <= 8 rows) of an M x N output: threads split tiles (columns) only, so each
-// output element is computed by one thread in one order whatever M is. tile(t, m0, mb) with mb a constant.
-template <typename F>
-static void over_tiles(int64_t NT, int64_t M, F&& tile) {
-  at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t m0 = 0; m0 < M; m0 += 8)
-        by_rows((int)std::min<int64_t>(8, M - m0), [&](auto mb) { tile(t, m0, mb); });
-  });
-}
-
-// On the AMX path: blocks of up to 16 rows through amx_tile(t, m0, mb), a last block of fewer than AMX_MIN_ROWS
-// rows through the VNNI tile(t, m0, MB); each thread loads its tile shapes before its first tile instruction
-// (again when a block's row count differs) and releases the tiles when done.
+// Every (16-column tile, block of rows) of an M x N output: threads split tiles (columns) only, so each output
+// element is computed by one thread in one order whatever M is. The VNNI (and AVX2) kernels take blocks of up to 8
+// rows, tile(t, m0, MB) with MB a constant. On the AMX path, from AMX_MIN_ROWS rows on, blocks of up to 16 rows go
+// through amx_tile(t, m0, mb) and a last block of fewer than AMX_MIN_ROWS through the VNNI kernels; each thread
+// loads its tile shapes before its first tile instruction (again when a block's row count differs) and releases
+// the tiles when done.
 template <typename F, typename A>
-static void over_tiles_amx(int64_t NT, int64_t M, F&& tile, A&& amx_tile) {
+static void over_tiles(int64_t NT, int64_t M, F&& tile, A&& amx_tile) {
+  const bool amx = current_isa() == ISA_AMX && M >= AMX_MIN_ROWS;
+  auto vnni_rows = [&](int64_t t, int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; m += 8)
+      by_rows((int)std::min<int64_t>(8, m1 - m), [&](auto mb) { tile(t, m, mb); });
+  };
   at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
     int configured = 0;
-    for (int64_t t = t0; t < t1; ++t)
+    for (int64_t t = t0; t < t1; ++t) {
+      if (!amx) {
+        vnni_rows(t, 0, M);
+        continue;
+      }
       for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
         const int mb = (int)std::min<int64_t>(AMX_ROWS, M - m0);
         if (mb < AMX_MIN_ROWS) {
-          by_rows(mb, [&](auto rows) { tile(t, m0, rows); });
+          vnni_rows(t, m0, m0 + mb);
           continue;
         }
         if (configured != mb) amx_config(mb), configured = mb;
         amx_tile(t, m0, mb);
       }
+    }
     if (configured) amx_release();
   });
 }
@@ -439,12 +441,9 @@ at::Tensor w4a8_mm_q(const at::Tensor& xq, const at::Tensor& xs, const at::Tenso
     else
       tile_kernel<decltype(mb)::value>(w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
   };
-  if (current_isa() == ISA_AMX && M >= AMX_MIN_ROWS)
-    over_tiles_amx(NT, M, tile, [&](int64_t t, int64_t m0, int mb) {
-      amx_tile_kernel(mb, w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
-    });
-  else
-    over_tiles(NT, M, tile);
+  over_tiles(NT, M, tile, [&](int64_t t, int64_t m0, int mb) {
+    amx_tile_kernel(mb, w + t * G * BLK, G, q + m0 * K, K, s + m0 * G, sm + m0 * G, o + m0 * N + 16 * t, N);
+  });
   return yf;
 }
 
@@ -484,13 +483,10 @@ at::Tensor w8a8_mm_q(const at::Tensor& xq, const at::Tensor& xs, const at::Tenso
       tile_kernel8<decltype(mb)::value>(w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
                                         o + m0 * N + 16 * t, N);
   };
-  if (current_isa() == ISA_AMX && M >= AMX_MIN_ROWS)
-    over_tiles_amx(NT, M, tile, [&](int64_t t, int64_t m0, int mb) {
-      amx_tile_kernel8(mb, w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
-                       o + m0 * N + 16 * t, N);
-    });
-  else
-    over_tiles(NT, M, tile);
+  over_tiles(NT, M, tile, [&](int64_t t, int64_t m0, int mb) {
+    amx_tile_kernel8(mb, w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
+                     o + m0 * N + 16 * t, N);
+  });
   return yf;
 }
 
