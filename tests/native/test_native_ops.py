@@ -502,26 +502,13 @@ def test_only_the_avx512_namespace_holds_avx512_instructions():
     """The AVX2 path and the dispatch code must run on a CPU without AVX512 (no such CPU here to run them on):
     in the built library, no function outside specdec_native::avx512 uses a zmm or mask register or an EVEX
     encoding (first opcode byte 0x62, an invalid instruction in 64-bit mode otherwise)."""
-    import re
-    import shutil
-    import subprocess
+    from disassembly import instructions
 
-    if shutil.which("objdump") is None:
-        pytest.skip("no objdump to read the library with")
     library = next((path for path in torch.ops.loaded_libraries if "specdec_native" in path), None)
     assert library, torch.ops.loaded_libraries
-    listing = subprocess.run(["objdump", "-d", "-C", library], capture_output=True, text=True, check=True).stdout
-    function, offenders, avx512_functions = "", set(), set()
-    for line in listing.splitlines():
-        header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
-        if header:
-            function = header.group(1)
-            continue
-        parts = line.split("\t")
-        if len(parts) < 3:
-            continue
-        evex = parts[1].strip().startswith("62 ")
-        if evex or re.search(r"%zmm|%k[0-7]", parts[2]):
+    offenders, avx512_functions = set(), set()
+    for function, avx512, _ in instructions(library):
+        if avx512:
             (avx512_functions if "specdec_native::avx512::" in function else offenders).add(function)
     assert avx512_functions, "the avx512 path was not found in the library"
     assert not offenders, sorted(offenders)[:5]

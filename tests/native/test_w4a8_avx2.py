@@ -286,26 +286,16 @@ def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
     rms_norm_row and add_row, the AMX path's amx_*, global namespace) use zmm or mask registers or EVEX encodings;
     every w4a8_avx2:: function has AVX2 instructions and none of those."""
     import re
-    import shutil
 
-    if shutil.which("objdump") is None:
-        pytest.skip("no objdump to read the library with")
-    library = kernel.__file__
-    listing = subprocess.run(["objdump", "-d", "-C", library], capture_output=True, text=True, check=True).stdout
-    function, offenders, avx512, avx2_ymm = "", set(), set(), set()
+    from disassembly import instructions
+
+    offenders, avx512, avx2_ymm = set(), set(), set()
     allowed = re.compile(r"^(void |float )?(quantize_row|tile_kernel8?|group_dot|bf16x16_to_ps|rms_norm_row|add_row"
                          r"|amx_tile_kernel8?|amx_group_dots|amx_groups|amx_config|amx_release)[<(]")
-    for line in listing.splitlines():
-        header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
-        if header:
-            function = header.group(1)
-            continue
-        parts = line.split("\t")
-        if len(parts) < 3:
-            continue
-        if parts[1].strip().startswith("62 ") or re.search(r"%zmm|%k[0-7]", parts[2]):
+    for function, evex_or_zmm, operands in instructions(kernel.__file__):
+        if evex_or_zmm:
             (avx512 if allowed.match(function) else offenders).add(function)
-        elif "w4a8_avx2::" in function and "%ymm" in parts[2]:
+        elif "w4a8_avx2::" in function and "%ymm" in operands:
             avx2_ymm.add(function)
     assert avx512, "the avx512 kernels were not found in the library"
     for name in ("quantize_row", "w4a8_tile", "w8a8_tile"):
