@@ -127,7 +127,7 @@ def load_native(spec: str, gguf: Path, capacity: int | None = None, int4: bool =
     from specdec.native.weights_cache import read_qwen2_cached
 
     started = time.perf_counter()
-    weights = read_qwen2_cached(gguf, int4=True) if int4 else read_qwen2_cached(gguf)
+    weights = read_qwen2_cached(gguf, int4=int4)
     model = NativeModel(Qwen2(weights), capacity or CAPACITY)
     print(f"specdec: {spec} on the native forward ({weights.nbytes() / 2**30:.2f} GiB of weights, "
           f"{time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)

@@ -56,7 +56,7 @@ def read_qwen2_cached(gguf: Path | str, int4: bool = False) -> Qwen2Weights:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         log.warning("specdec: cannot use the native weights cache folder (%s); converting the GGUF", _first_line(exc))
-        return read_qwen2(gguf, int4=True) if int4 else read_qwen2(gguf)
+        return read_qwen2(gguf, int4=int4)
     if path.is_file():
         try:
             weights = load(path, key, gguf)
@@ -66,7 +66,7 @@ def read_qwen2_cached(gguf: Path | str, int4: bool = False) -> Qwen2Weights:
             weights = None
         if weights is not None:
             return weights
-    weights = read_qwen2(gguf, int4=True) if int4 else read_qwen2(gguf)
+    weights = read_qwen2(gguf, int4=int4)
     try:
         save(weights, path, key)
     except Exception as exc:  # noqa: BLE001 - a full disk, a read-only folder...

@@ -41,7 +41,8 @@ def test_a_llama_comes_back_from_the_cache_as_it_was_converted(tmp_path, monkeyp
 def conversions(monkeypatch) -> list:
     calls = []
     real = weights_cache.read_qwen2
-    monkeypatch.setattr(weights_cache, "read_qwen2", lambda path: calls.append(path) or real(path))
+    monkeypatch.setattr(weights_cache, "read_qwen2",
+                        lambda path, int4=False: calls.append(path) or real(path, int4=int4))
     return calls
 
 
