@@ -38,7 +38,6 @@ ATen's kernel.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import threading
@@ -154,17 +153,12 @@ def cpu_isa() -> str:
     return _module().cpu_isa()
 
 
-@contextlib.contextmanager
 def use_isa(name: str):
     """Run the matmuls on `name` ('avx2', 'avx512' or 'amx') inside the block (process-wide; for tests and benchmarks).
     A path this CPU lacks is a RuntimeError."""
-    module = _module()
-    before = module.isa()
-    module.set_isa(name)
-    try:
-        yield
-    finally:
-        module.set_isa(before)
+    from specdec.native.build import isa_switched
+
+    return isa_switched(_module(), name)
 
 
 def _module():

@@ -19,6 +19,7 @@ in its include folders, flags, torch's version and Python's), under torch's exte
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -274,6 +275,19 @@ def _import(directory: Path, name: str, python_module: bool):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def isa_switched(extension, name: str):
+    """Run a built extension on instruction set `name` inside the block, then on the one it ran before
+    (process-wide; for tests and benchmarks). The extension has isa() and set_isa(name), which refuses a path the
+    CPU lacks."""
+    before = extension.isa()
+    extension.set_isa(name)
+    try:
+        yield
+    finally:
+        extension.set_isa(before)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -14,7 +14,6 @@ Shapes: n rows, d model width, I intermediate width, Hq query heads, Hk kv heads
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import platform
@@ -98,16 +97,11 @@ def cpu_isa() -> str:
     return _ops().cpu_isa()
 
 
-@contextlib.contextmanager
 def use_isa(name: str):
     """Run the ops on `name` ('avx2' or 'avx512') inside the block (process-wide; for tests and benchmarks)."""
-    ops = _ops()
-    before = ops.isa()
-    ops.set_isa(name)
-    try:
-        yield
-    finally:
-        ops.set_isa(before)
+    from specdec.native.build import isa_switched
+
+    return isa_switched(_ops(), name)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
