@@ -23,14 +23,6 @@ SUFFIX = "".join(f"    check(τιμή_{i})\n" for i in range(60))
 PATH = "src/calc.py"
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    """A model spec whose tokenizer (and only that) is here: a directory with tokenizer.json."""
-    path = tmp_path_factory.mktemp("target") / "tiny"
-    tiny.tokenizer().save_pretrained(path)
-    return path
-
-
 def sent(kind: str, body: dict) -> tuple[str, str]:
     """(prefix, suffix) as the engine got them: llama-server's pieces, or read back out of the raw FIM prompt."""
     if kind == "llama-server":

@@ -8,7 +8,6 @@ import logging
 
 import pytest
 
-import tiny
 from lsp_server.settings import Settings
 from specdec.backends import make_backend
 from specdec.backends.remote.prompt import chunk_tokens, chunks_within
@@ -22,14 +21,6 @@ GEOMETRY = ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n  
             "def scale(point, factor):\n    return Point(point.x * factor, point.y * factor)\n")
 OTHER = "import os\n\n\ndef origin():\n    return Point(0, 0)\n"  # a shorter match: `):\n    return Point(`
 BEFORE = "from geometry import Point\n\n\ndef scale(point, factor):\n    return Point("
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    """A model spec whose tokenizer (and only that) is here: a directory with tokenizer.json."""
-    path = tmp_path_factory.mktemp("target") / "tiny"
-    tiny.tokenizer().save_pretrained(path)
-    return path
 
 
 def indexed(tokenizer, documents: dict[str, str]) -> RepoIndex:
