@@ -3,7 +3,9 @@ plain decode step at a given context, and the process's RSS, on one forward; wit
 loads it (the draft on the same forward where it can), the draft's step beside the target's and the RSS of the
 process holding both. Run once per forward (separate processes, so each RSS is its own); the numbers go to
 docs/, not into tests. --isa avx512,avx2 times the native target on each instruction-set path instead (ops and
-matmuls: the bits are the same), alternating step by step in one process so both see the same machine load."""
+matmuls: the bits are the same), alternating step by step in one process so both see the same machine load.
+--prefill N also times a cold prefill of N tokens (an empty cache, the engine's own chunked `sync`): what a request
+whose prompt shares nothing with the cache waits before its first token; llama-bench's pp512 is its anchor."""
 
 from __future__ import annotations
 
@@ -34,6 +36,24 @@ def step_times(lm, ids: list[int], steps: int) -> tuple[list[float], list[float]
         cpu.append(time.process_time() - c0)
     times.sort()
     return times, cpu
+
+
+def prefill_times(lm, ids: list[int], rounds: int = 3) -> list[float]:
+    """Wall seconds of `rounds` cold prefills of `ids` (the cache emptied before each), sorted: the first is the
+    figure, since contention only adds time."""
+    times = []
+    for _ in range(rounds):
+        lm.truncate(0)
+        t0 = time.perf_counter()
+        lm.sync(ids)
+        times.append(time.perf_counter() - t0)
+    lm.truncate(0)
+    return sorted(times)
+
+
+def prefill_line(n: int, seconds: float) -> str:
+    """The one wording of a prefill figure: `prefill of N tokens: X ms (Y tok/s)`."""
+    return f"prefill of {n} tokens: {1000 * seconds:.1f} ms ({n / seconds:.1f} tok/s)"
 
 
 def compare_isas(lm, ids: list[int], isas: list[str], steps: int, verify: int) -> str:
@@ -83,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=512, help="tokens in the cache before the timed steps")
     p.add_argument("--steps", type=int, default=32, help="timed decode steps (the median is reported)")
     p.add_argument("--verify", type=int, default=0, help="also time a verify pass of this many rows (0: none)")
+    p.add_argument("--prefill", type=int, default=0, help="also time a cold prefill of this many tokens (0: none)")
     p.add_argument("--draft", default="", help="also load this draft (the default pair: Qwen/Qwen2.5-Coder-0.5B) "
                    "and time its plain step at the same context")
     p.add_argument("--draft-forward", choices=("native", "transformers"), default=None,
@@ -111,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         pair.draft = load_draft(args.draft, pair.target, adapter=args.adapter or None,
                                 forward=args.draft_forward or args.forward, native_form=args.draft_form)
     load_s = time.perf_counter() - started
-    ids = pair.target.tokenizer.encode("def fibonacci(n):\n    " * 200)[: args.context]
+    if args.context < 1 or args.prefill < 0:
+        p.error("--context must be >= 1 and --prefill >= 0")
+    text = "def fibonacci(n):\n    "
+    ids = pair.target.tokenizer.encode(text * (1 + max(args.context, args.prefill) // 4))
+    prefill_ids, ids = ids[: args.prefill], ids[: args.context]
     line = f"{args.forward}: load {load_s:.1f} s, threads {torch.get_num_threads()}"
     if args.isa:
         if not callable(getattr(pair.target.model, "new_cached_lm", None)):
@@ -151,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 passes.append(time.perf_counter() - t0)
                 lm.truncate(args.context)
             line += f"; verify pass of {args.verify} rows: best {1000 * min(passes):.1f} ms"
+        if role == "target" and args.prefill:
+            line += "; " + prefill_line(args.prefill, prefill_times(lm, prefill_ids)[0])
     if len(steps) == 2:
         line += f"; draft/target step {steps['draft'] / steps['target']:.2f}"
     current, peak = rss_mb()
