@@ -37,13 +37,15 @@ QWEN2_PARTS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn
                "ffn_down": "mlp.down_proj"}
 
 
-def write_qwen2_gguf(model, path, types=None, embedding="Q8_0", output="Q8_0", tied=False, tokenizer=None):
+def write_qwen2_gguf(model, path, types=None, embedding="Q8_0", output="Q8_0", tied=False, tokenizer=None,
+                     extra=None):
     """A whole Qwen2 GGUF of a transformers Qwen2 model, as llama.cpp names and lays it out: the metadata the
     native forward reads, token_embd, norms and biases in F32, each Linear in the type `types` gives it
     ({"blk.1.attn_v": "Q5_0", ...}; Q4_K by default), output.weight unless tied (then token_embd serves).
     tokenizer: a PreTrainedTokenizerFast (byte-level BPE) whose vocabulary and merges go in as llama.cpp's
-    tokenizer.ggml.* keys, so transformers can build the tokenizer from the file."""
-    _write_gguf("qwen2", model, path, types, embedding, output, tied, tokenizer)
+    tokenizer.ggml.* keys, so transformers can build the tokenizer from the file. extra(writer) as in
+    write_llama_gguf (a key added again replaces the first)."""
+    _write_gguf("qwen2", model, path, types, embedding, output, tied, tokenizer, extra=extra)
 
 
 def write_llama_gguf(model, path, types=None, embedding="Q8_0", output="Q8_0", tied=False, tokenizer=None,

@@ -176,12 +176,15 @@ class GGUFTensor:
     shape: tuple[int, int]  # (out, in), as the HF Linear's weight
 
     def dequantize(self) -> torch.Tensor:
-        """fp32 weight through gguf's own dequantization."""
+        """fp32 weight through gguf's own dequantization, in memory of its own: an F32 tensor dequantizes to a view
+        of the file's read-only map, which a weight must not keep (and torch will not wrap without a warning)."""
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        out = dequantize(self.data, GGMLQuantizationType[self.qtype])
-        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(self.shape)
+        out = np.ascontiguousarray(dequantize(self.data, GGMLQuantizationType[self.qtype]), dtype=np.float32)
+        if not out.flags.writeable or np.may_share_memory(out, self.data):
+            out = out.copy()
+        return torch.from_numpy(out).reshape(self.shape)
 
 
 def unpermuted_rows(rows: int, heads: int) -> np.ndarray:

@@ -153,7 +153,7 @@ def _codes(tensor: GGUFTensor, dense: bool, int4: bool = False) -> Int4Codes | I
     """The form a matrix runs in: Q4_K codes as they are, anything else int8 per channel (fp32 when dense; int4
     per group of 32 when int4, a draft's cheaper step: gguf_codes.int4_groups)."""
     if dense:
-        return tensor.dequantize().clone()
+        return tensor.dequantize()
     if tensor.qtype == "Q4_K" and w4a8.tiles(*tensor.shape):
         return q4k_codes(tensor.data, tensor.shape[1])
     if not w4a8.tiles(*tensor.shape):
@@ -209,48 +209,82 @@ def _rows(codes) -> int:
     return codes.codes.shape[0] if isinstance(codes, (Int4Codes, Int8Codes)) else codes.shape[0]
 
 
-def _field(reader, key: str, default=None):
+# Every hyper-parameter the native forward takes from a GGUF, bounded (llama.cpp's key without the architecture:
+# low, high). A value outside is a one-line refusal naming the file and the key, never a division by zero in the
+# check, an empty model that fails at its first forward, or a table sized by a corrupt number.
+LIMITS = {
+    "block_count": (1, 1024),
+    "embedding_length": (32, 1 << 16),
+    "feed_forward_length": (32, 1 << 18),
+    "attention.head_count": (1, 1024),
+    "attention.head_count_kv": (1, 1024),
+    "attention.key_length": (2, 256),  # the attention op's head sizes (even: RoPE rotates halves)
+    "attention.value_length": (2, 256),
+    "rope.dimension_count": (2, 256),
+    "context_length": (1, 1 << 24),  # a bound only: RoPE's table is sized by a cache's capacity (qwen2.Qwen2)
+    "expert_count": (0, 1 << 16),
+    "rope.freq_base": (1.0, 1e12),
+    "attention.layer_norm_rms_epsilon": (1e-12, 0.1),
+    "rope.scaling.factor": (0.0, 1024.0),  # 0: unset (the older rope.scale_linear key may hold it)
+    "rope.scale_linear": (1e-6, 1024.0),
+}
+
+
+def _name(path) -> str:
+    return Path(path).name if path is not None else "the GGUF"
+
+
+def _field(reader, key: str, default=None, path=None):
     field = reader.fields.get(key)
     if field is None:
         if default is None:
-            raise SpecdecError(f"the GGUF lacks {key}: not a model llama.cpp would run")
+            raise SpecdecError(f"{_name(path)} lacks {key}: not a model llama.cpp would run")
         return default
     return field.contents()
 
 
-def _rope_scale(reader, arch: str) -> float:
+def _number(reader, arch: str, key: str, default, path=None):
+    """The hyper-parameter {arch}.{key}, within LIMITS[key] (default when the file lacks it; None: required)."""
+    low, high = LIMITS[key]
+    field = reader.fields.get(f"{arch}.{key}")
+    if field is None:
+        if default is None:
+            raise SpecdecError(f"{_name(path)} lacks {arch}.{key}: not a model llama.cpp would run")
+        return default
+    try:
+        value = field.contents()
+    except (IndexError, ValueError, UnicodeDecodeError):
+        value = None
+    kind = float if isinstance(low, float) else int
+    number = kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None or number != value or not low <= number <= high:  # NaN fails every comparison
+        shown = value if isinstance(value, (int, float, str)) else type(value).__name__
+        raise SpecdecError(f"{_name(path)}: {arch}.{key} is {shown!r}; the native forward takes {low:g}..{high:g}")
+    return number
+
+
+def _rope_scale(reader, arch: str, path=None) -> float:
     """The linear RoPE factor (1.0 without scaling); any other scaling is a one-line refusal."""
-    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
+    kind = _field(reader, f"{arch}.rope.scaling.type", "none", path)
     legacy = reader.fields.get(f"{arch}.rope.scale_linear")  # older converters' key for linear scaling
     if kind == "none" and legacy is None:
         return 1.0
     if kind not in ("none", "linear"):
         raise SpecdecError(f"the native forward runs plain or linear RoPE; this GGUF's is {kind}")
-    factor = float(_field(reader, f"{arch}.rope.scaling.factor", 0.0)) or float(legacy.contents() if legacy else 1.0)
-    if factor <= 0:
-        raise SpecdecError(f"the GGUF's linear RoPE factor is {factor}")
-    return factor
+    return _number(reader, arch, "rope.scaling.factor", 0.0, path) or _number(reader, arch, "rope.scale_linear", 1.0,
+                                                                               path)
 
 
 def problem(path: Path | str) -> str:
     """Why the GGUF at path is not a model the native forward runs ('' when it is): its architecture, its
     metadata and tensors checked without reading a weight."""
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(str(path))
-        read_config(reader)
+        reader = _reader(path)
+        read_config(reader, path)
     except SpecdecError as exc:
         return str(exc)
-    except (OSError, ValueError) as exc:
-        return f"cannot read {Path(path).name} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-    names = {t.name for t in reader.tensors}
-    missing = [n for n in ("output_norm.weight", "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight",
-                           "blk.0.attn_q.weight", "blk.0.ffn_down.weight") if n not in names]
-    if missing:
-        return f"{Path(path).name} lacks {', '.join(missing)}"
-    multiplied = "output.weight" if "output.weight" in names else "token_embd.weight"  # tied: the embedding
-    for t in reader.tensors:  # every matrix the kernels read, by its shape alone
+    multiplied = "output.weight" if any(t.name == "output.weight" for t in reader.tensors) else "token_embd.weight"
+    for t in reader.tensors:  # every matrix the kernels read, by its shape alone (tied: the embedding)
         if len(t.shape) == 2 and (t.name.startswith("blk.") or t.name == multiplied):
             out, inp = int(t.shape[1]), int(t.shape[0])
             if not w4a8.tiles(out, inp):
@@ -259,47 +293,105 @@ def problem(path: Path | str) -> str:
     return ""
 
 
-def read_config(reader) -> Qwen2Config:
-    arch = _field(reader, "general.architecture")
+def _reader(path: Path | str):
+    """gguf's reader over the file; whatever it raises on a file that is not a GGUF (a 16-byte file is an
+    IndexError in its header parser) is one line naming the file."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001 - a parser of arbitrary bytes: any exception means "not a GGUF"
+        text = str(exc).strip()
+        raise SpecdecError(f"cannot read {_name(path)} as a GGUF ({type(exc).__name__}: "
+                           f"{text.splitlines()[0] if text else 'malformed'})") from None
+
+
+def read_config(reader, path: Path | str | None = None) -> Qwen2Config:
+    """The model's hyper-parameters, each within LIMITS, and every tensor the forward reads present in the shape
+    they give (check_shapes): what contradicts them is refused here, not at the kernels' checks."""
+    arch = _field(reader, "general.architecture", None, path)
     if arch not in ARCHITECTURES:
         raise SpecdecError(f"the native forward runs {', '.join(ARCHITECTURES)} GGUFs; this one is {arch}")
-    hidden, heads = int(_field(reader, f"{arch}.embedding_length")), int(_field(reader, f"{arch}.attention.head_count"))
-    if int(_field(reader, f"{arch}.expert_count", 0)) > 0:
+    hidden = _number(reader, arch, "embedding_length", None, path)
+    heads = _number(reader, arch, "attention.head_count", None, path)
+    if _number(reader, arch, "expert_count", 0, path) > 0:
         raise SpecdecError(f"the native forward runs dense models; this {arch} GGUF is a mixture of experts")
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise SpecdecError("the native forward runs plain or linear RoPE; this GGUF scales RoPE per frequency "
                            "(rope_freqs.weight, llama3-style)")
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if embd is None:
-        raise SpecdecError("the GGUF has no token_embd.weight")
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
-    if int(_field(reader, f"{arch}.attention.value_length", head_dim)) != head_dim:
+    if embd is None or len(embd.shape) != 2:
+        raise SpecdecError(f"{_name(path)} has no token_embd.weight matrix")
+    default_head = hidden // heads if hidden % heads == 0 else None  # else key_length must say it
+    head_dim = _number(reader, arch, "attention.key_length", default_head, path)
+    if _number(reader, arch, "attention.value_length", head_dim, path) != head_dim:
         raise SpecdecError("the native forward needs keys and values of one head size")
-    if int(_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+    if _number(reader, arch, "rope.dimension_count", head_dim, path) != head_dim:
         raise SpecdecError(f"the native forward rotates whole heads; this GGUF ropes "
                            f"{_field(reader, f'{arch}.rope.dimension_count')} of {head_dim} dimensions")
-    return Qwen2Config(
-        vocab=int(embd.shape[1]), hidden=hidden, intermediate=int(_field(reader, f"{arch}.feed_forward_length")),
-        layers=int(_field(reader, f"{arch}.block_count")), heads=heads,
-        kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)), head_dim=head_dim,
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        context_length=int(_field(reader, f"{arch}.context_length", 32768)),
-        rope_scale=_rope_scale(reader, arch), architecture=arch)
+    if head_dim % 2:
+        raise SpecdecError(f"{_name(path)}: the head size {head_dim} is odd; RoPE rotates halves")
+    kv_heads = _number(reader, arch, "attention.head_count_kv", heads, path)
+    if heads % kv_heads:
+        raise SpecdecError(f"{_name(path)}: {arch}.attention.head_count {heads} is not a multiple of "
+                           f"{arch}.attention.head_count_kv {kv_heads}")
+    config = Qwen2Config(
+        vocab=int(embd.shape[1]), hidden=hidden, intermediate=_number(reader, arch, "feed_forward_length", None, path),
+        layers=_number(reader, arch, "block_count", None, path), heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        rope_theta=_number(reader, arch, "rope.freq_base", 10000.0, path),
+        eps=_number(reader, arch, "attention.layer_norm_rms_epsilon", 1e-6, path),
+        context_length=_number(reader, arch, "context_length", 32768, path),
+        rope_scale=_rope_scale(reader, arch, path), architecture=arch)
+    check_shapes(reader, config, path)
+    return config
+
+
+def check_shapes(reader, config: Qwen2Config, path: Path | str | None = None) -> None:
+    """Every tensor the forward reads is in the file, in the shape (out, in) the hyper-parameters give it."""
+    c, arch = config, config.architecture
+    q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    head = (f"{arch}.attention.key_length {c.head_dim}" if f"{arch}.attention.key_length" in reader.fields
+            else f"head size {c.head_dim}")
+    why_q = f"{arch}.attention.head_count {c.heads} x {head}"
+    why_kv = f"{arch}.attention.head_count_kv {c.kv_heads} x {head}"
+    why_d, why_f = f"{arch}.embedding_length {c.hidden}", f"{arch}.feed_forward_length {c.intermediate}"
+    why_v = f"token_embd's {c.vocab} rows"
+    expected = {"output_norm.weight": ((c.hidden,), why_d), "output.weight": ((c.vocab, c.hidden), f"{why_v}, {why_d}"),
+                "token_embd.weight": ((c.vocab, c.hidden), why_d)}
+    required = ["output_norm.weight", "token_embd.weight"]
+    for i in range(c.layers):
+        b = f"blk.{i}."
+        layer = {"attn_norm.weight": ((c.hidden,), why_d), "ffn_norm.weight": ((c.hidden,), why_d),
+                 "attn_q.weight": ((q, c.hidden), f"{why_q}, {why_d}"),
+                 "attn_k.weight": ((kv, c.hidden), f"{why_kv}, {why_d}"),
+                 "attn_v.weight": ((kv, c.hidden), f"{why_kv}, {why_d}"),
+                 "attn_output.weight": ((c.hidden, q), f"{why_d}, {why_q}"),
+                 "ffn_gate.weight": ((c.intermediate, c.hidden), f"{why_f}, {why_d}"),
+                 "ffn_up.weight": ((c.intermediate, c.hidden), f"{why_f}, {why_d}"),
+                 "ffn_down.weight": ((c.hidden, c.intermediate), f"{why_d}, {why_f}")}
+        required += [b + name for name in layer]
+        layer.update({"attn_q.bias": ((q,), why_q), "attn_k.bias": ((kv,), why_kv), "attn_v.bias": ((kv,), why_kv),
+                      "attn_output.bias": ((c.hidden,), why_d)})
+        expected.update({b + name: shape for name, shape in layer.items()})
+    found = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}  # GGUF lists ne0 (in) first
+    missing = [name for name in required if name not in found]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise SpecdecError(f"{_name(path)} lacks {', '.join(missing[:3])}{more}")
+    for name, (shape, why) in expected.items():
+        got = found.get(name)
+        if got is not None and got != shape and not (len(shape) == 1 and got == (1, *shape)):
+            raise SpecdecError(f"{_name(path)}: {name} is {'x'.join(map(str, got))}; its metadata says "
+                               f"{'x'.join(map(str, shape))} ({why})")
 
 
 def read_qwen2(path: Path | str, dense: bool = False, int4: bool = False) -> Qwen2Weights:
     """The GGUF at path (any of ARCHITECTURES) as the native model's weights (see the module's docstring for
     what becomes what; int4: the matrices that are not Q4_K rounded to int4 per group of 32, not int8 per channel)."""
-    from gguf import GGUFReader
-
     path = Path(path)
-    try:
-        reader = GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
-        raise SpecdecError(f"cannot read GGUF {path}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
-    config = read_config(reader)
+    reader = _reader(path)
+    config = read_config(reader, path)
     raw = {t.name: t for t in reader.tensors}
 
     def matrix(name: str) -> GGUFTensor:
@@ -314,8 +406,7 @@ def read_qwen2(path: Path | str, dense: bool = False, int4: bool = False) -> Qwe
             if required:
                 raise SpecdecError(f"the GGUF lacks {name}")
             return None
-        # a copy: an F32 tensor dequantizes to a view of the file's map, which the weights must not keep
-        return GGUFTensor(t.tensor_type.name, t.data, (1, int(t.n_elements))).dequantize()[0].clone()
+        return GGUFTensor(t.tensor_type.name, t.data, (1, int(t.n_elements))).dequantize()[0]  # memory of its own
 
     heads = {"q": config.heads, "k": config.kv_heads}
     permuted = config.architecture in PERMUTED_QK

@@ -48,6 +48,7 @@ class NativeLM(PrefixSync):
     def __init__(self, model: Qwen2, capacity: int = CAPACITY, tree_room: int = TREE_ROOM,
                  cache_dtype: torch.dtype = torch.bfloat16, shortlist: Shortlist | None = None):
         capacity = min(capacity, model.config.context_length)
+        model.cover(capacity)  # positions < capacity: extend and extend_tree refuse a context past it
         self.model, self.capacity, self.tree_room, self.shortlist = model, capacity, tree_room, shortlist
         # the output layer over the shortlist and this cache's context ids (None: the model's whole output layer)
         self.head: ContextHead | None = None if shortlist is None else shortlist.for_context()

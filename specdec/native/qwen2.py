@@ -47,18 +47,15 @@ class KVCache:
             cache[:, first : first + len(sources)] = cache[:, sources]
 
 
-ROPE_SLACK = 256  # positions past the context a tree node may take (committed + depth - 1)
-
-
 class Qwen2:
     """The model: weights (gguf_weights.read_qwen2) and the forward over a KVCache it does not own."""
 
     def __init__(self, weights: Qwen2Weights):
         self.weights, self.config = weights, weights.config
         self.scale = self.config.head_dim ** -0.5
-        # RoPE's cos/sin for every position the model takes, made once (layers.rope_table)
-        self.cos, self.sin = F.rope_table(self.config.context_length + ROPE_SLACK, self.config.head_dim,
-                                          self.config.rope_theta, self.config.rope_scale)
+        # RoPE's cos/sin (layers.rope_table) for the positions the caches over this model use (cover), not the
+        # file's context_length: a corrupt or 10M-token one must not size a table nobody reads
+        self.rope = F.rope_table(0, self.config.head_dim, self.config.rope_theta, self.config.rope_scale)
         # the norms hand their rows to the matmuls already rounded to int8 where every reader takes them so
         # (layers.add_rms_norm_int8: the same bits, one rounding instead of one per matmul)
         self.norm_readers = [p for layer in weights.layers for p in (*layer.qkv.parts, *layer.gate_up.parts)]
@@ -72,6 +69,13 @@ class Qwen2:
         if x is None:
             return F.rms_norm(residual, weight, self.config.eps)
         return F.add_rms_norm(x, residual, weight, self.config.eps)
+
+    def cover(self, positions: int) -> None:
+        """RoPE's tables hold positions 0 .. positions-1 (a cache's capacity: NativeLM), at most the context. A
+        position's entry does not depend on the table's length, so a longer table changes no bit."""
+        positions = min(positions, self.config.context_length)
+        if positions > len(self.rope[0]):
+            self.rope = F.rope_table(positions, self.config.head_dim, self.config.rope_theta, self.config.rope_scale)
 
     def new_cache(self, slots: int, dtype: torch.dtype = torch.bfloat16) -> KVCache:
         return KVCache.empty(self.config, slots, dtype)
@@ -89,13 +93,14 @@ class Qwen2:
         # a LoRA side matmul (a draft's adapter, Linear.lora) reads fp32 rows: with one set, the norms give fp32
         int8 = self.int8_norms and F.int8_norms_now(self.norm_readers)
         h = self.norm(None, residual, w.layers[0].attn_norm, int8)
-        if int(positions.max()) >= len(self.cos):
-            raise SpecdecError(f"position {int(positions.max())} is beyond the model's context of "
-                               f"{self.config.context_length}")
+        cos, sin = self.rope
+        if int(positions.max()) >= len(cos):
+            raise SpecdecError(f"position {int(positions.max())} is beyond the {len(cos)} positions this model "
+                               f"was prepared for (context {self.config.context_length}; Qwen2.cover)")
         q_width = c.heads * c.head_dim
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = cache.k[i], cache.v[i]
-            q = F.qkv_rope_cache(layer.qkv(h), layer.qkv_bias, positions, self.cos, self.sin, k_cache, v_cache, slots,
+            q = F.qkv_rope_cache(layer.qkv(h), layer.qkv_bias, positions, cos, sin, k_cache, v_cache, slots,
                                  c.heads)
             attn = F.attention(q, k_cache, v_cache, prefix, extra, self.scale)
             h = self.norm(layer.o(attn.reshape(n, q_width)), residual, layer.ffn_norm, int8)
