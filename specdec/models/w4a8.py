@@ -26,7 +26,8 @@ the fp32 epilogue are the same operations in the same order. Where the CPU has A
 tile data, as torch.cpu._init_amx asks) blocks of 12 to 16 rows go through AMX tiles instead: TDPBSUD (signed
 activation codes x the packed block's unsigned bytes, read as they are) gives the same exact integer dots, and the
 epilogue is the VNNI kernels', so the bits are the same again. The C++ picks AMX, else AVX512-VNNI, else AVX2
-(`isa()`); SPECDEC_NATIVE_ISA=avx512 or avx2 (or `use_isa`) forces a lower path (tests compare the paths here).
+(`isa()`); SPECDEC_NATIVE_ISA=avx512 or avx2 (its one meaning: specdec/native/build.py), or `use_isa`, forces a
+lower path (tests compare the paths here).
 
 The C++ sources (specdec/native/csrc/w4a8_avx2.cpp, then w4a8.cpp, one translation unit) are compiled once per
 machine by specdec.native.build into `build_dir()` (under torch's extension cache, keyed by a hash of the
@@ -55,6 +56,7 @@ PACK8_LAYOUT = "v1: [N/16 tiles][K/32 groups] blocks of 8x64 bytes code+128; fp3
 # as /proc/cpuinfo names them: what the kernels need at least (the AVX2 path), and what the AVX512 path needs
 CPU_FLAGS = frozenset({"avx2", "fma"})
 VNNI_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma"})
+PATHS = ("avx2", "avx512", "amx")  # the matmuls' instruction-set paths, lowest first
 
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "csrc" / "w4a8.cpp"  # shipped as package data
 AVX2_SOURCE = SOURCE.with_name("w4a8_avx2.cpp")  # before SOURCE in the one translation unit
@@ -129,6 +131,10 @@ def load():
                 module, reason = _build()
                 if module is not None and not module.cpu_supported():
                     module, reason = None, "the CPU lacks AVX2 + FMA (and AVX512-VNNI)"
+                if module is not None:  # SPECDEC_NATIVE_ISA, as specdec/native/build.py says (one warning if refused)
+                    from specdec.native.build import native_isa
+
+                    module.set_isa(native_isa(PATHS, module.cpu_isa()))
             except Exception as exc:  # noqa: BLE001 - a failed build leaves ATen's kernel working
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 module, reason = None, f"its build failed ({first})"
@@ -263,15 +269,15 @@ class Int8Rows:
 
 
 def fused_norm_runs() -> bool:
-    """Whether add_rms_norm_int8 runs here: the kernels load and run on their AVX512-VNNI path (the AVX2 path keeps
-    the unfused norm)."""
-    return load() is not None and isa() in ("avx512", "amx")
+    """Whether add_rms_norm_int8 runs here: wherever the kernels load (every path, AVX2 included, gives the same
+    bits)."""
+    return load() is not None
 
 
 def add_rms_norm_int8(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> Int8Rows:
     """residual += x (in place, fp32 [M, K]; x None: no add), then RMSNorm and the activations' rounding in one
-    C++ pass per row: bit for bit the rows quantizing specdec.native's add_rms_norm (or rms_norm) output gives.
-    Where fused_norm_runs()."""
+    C++ pass per row: bit for bit the rows quantizing specdec.native's add_rms_norm (or rms_norm) output gives, on
+    every path (csrc/w4a8_avx2.cpp's on AVX2). Where fused_norm_runs()."""
     return Int8Rows(*_module().add_rms_norm_q8(x, residual, weight, eps))
 
 

@@ -15,6 +15,15 @@ during the first start) leaves it behind, and every later process waits on it fo
 Each build gets a folder of its own, named by a hash of what the library depends on (sources, the headers
 in its include folders, flags, torch's version and Python's), under torch's extension cache
 (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions) in `specdec/`.
+
+SPECDEC_NATIVE_ISA (this is the one place that says what it means; `native_isa` applies it): the highest
+instruction set specdec's native code may use, one of `avx2` < `avx512` < `amx`, for both extensions (the ops,
+csrc/ops.cpp, whose paths are avx2 and avx512; the W4A8/W8A8 matmuls, csrc/w4a8.cpp: avx2, avx512 and amx). Each
+runs on its best path at or below the named one that the CPU runs: `avx2` forces both onto AVX2 (what an AVX2-only
+CPU runs), `avx512` keeps the matmuls' AMX tiles off, `amx` is the default on a CPU with AMX. Unset: each
+extension's best path. A name that is not one of these, or one the CPU cannot run (`avx512` on an AVX2-only CPU,
+`amx` without AMX): one warning line, and the CPU's best path; never an instruction the CPU lacks. Read once, when an
+extension loads (the C++ does not read it); `isa_switched` (ops.use_isa, w4a8.use_isa) switches within a process.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 BUILD_TIMEOUT_S = 600.0  # one build, compile and link, including the wait for another process building it
+ISA_ENV = "SPECDEC_NATIVE_ISA"
+ISAS = ("avx2", "avx512", "amx")  # lowest first: what SPECDEC_NATIVE_ISA may name (the module's docstring)
 LOCK_FILE = "specdec.lock"
 ERROR_PREFIX = "specdec-build-error: "
 log = logging.getLogger("specdec.native")
@@ -275,6 +286,36 @@ def _import(directory: Path, name: str, python_module: bool):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+_isa_warnings: set[str] = set()
+
+
+def native_isa(paths: Sequence[str], best: str) -> str:
+    """The path an extension runs on, given SPECDEC_NATIVE_ISA (the module's docstring): paths are the extension's
+    own (a subset of ISAS, lowest first), best the best of them this CPU runs. A name that is not in ISAS, or one the
+    CPU cannot run, is one warning line per process (the same line from both extensions is said once) and `best`."""
+    raw = os.environ.get(ISA_ENV, "")
+    wanted = raw.strip().lower()
+    if not wanted:
+        return best
+    if wanted not in ISAS:
+        _isa_warning(f"{ISA_ENV}={raw} ignored: not one of {', '.join(ISAS)}; the native code runs on the CPU's best "
+                     "path")
+        return best
+    rank = ISAS.index
+    # past this extension's own paths (amx for the ops) only a CPU short of its best path is known to lack it
+    if rank(wanted) > rank(best) and (wanted in paths or best != paths[-1]):
+        _isa_warning(f"{ISA_ENV}={wanted} ignored: this CPU cannot run it (its best: {best}); the native code runs "
+                     f"on {best}")
+        return best
+    return max((p for p in paths if rank(p) <= min(rank(wanted), rank(best))), key=rank)
+
+
+def _isa_warning(message: str) -> None:
+    if message not in _isa_warnings:
+        _isa_warnings.add(message)
+        log.warning("%s", message)
 
 
 @contextlib.contextmanager

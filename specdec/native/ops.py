@@ -6,16 +6,15 @@ Why: a row's output must be a function of that row and the keys it may see, what
 pass, the tree's shape or the prefill chunking, so greedy speculation gives plain greedy's output bit for bit.
 Every op therefore works row by row on 16 fp32 lanes in a fixed order (AVX512: one register; AVX2: two), with
 one fixed tree for each reduction, tails padded into a zeroed 16-lane chunk and an exp of our own, in IEEE's
-default FP mode whatever the thread set (no flush-to-zero); the AVX2 and AVX512 paths give the same bits. The instruction set is picked at run time from the CPU (`isa()`);
-SPECDEC_NATIVE_ISA=avx2 forces the AVX2 path.
+default FP mode whatever the thread set (no flush-to-zero); the AVX2 and AVX512 paths give the same bits. The
+instruction set is picked at load from the CPU (`isa()`) and SPECDEC_NATIVE_ISA (specdec/native/build.py says what
+it means: `avx2` forces the AVX2 path).
 
 Shapes: n rows, d model width, I intermediate width, Hq query heads, Hk kv heads, D head size, S cache slots.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import platform
 import sys
 import threading
@@ -25,12 +24,12 @@ import torch
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = ("ops.cpp", "kernels_avx2.cpp", "kernels_avx512.cpp")  # and csrc's headers
+PATHS = ("avx2", "avx512")  # the ops' instruction-set paths, lowest first
 # -ffp-contract=off: no fused multiply-add the source did not write (the two paths must round alike)
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math")
 LDFLAGS = ("-fopenmp",)
 
 _lock = threading.Lock()
-log = logging.getLogger("specdec.native")
 _state: dict = {}
 
 
@@ -59,13 +58,10 @@ def _load() -> bool:
         reason = _why_not() or _load_extension()
         if not reason and torch.ops.specdec_native.cpu_isa() == "none":
             reason = "the CPU has neither AVX2+FMA nor AVX512F"
-        wanted = os.environ.get("SPECDEC_NATIVE_ISA", "")
-        if not reason and wanted:
-            try:
-                torch.ops.specdec_native.set_isa(wanted)
-            except RuntimeError as exc:  # a path this CPU lacks, or no such path: the CPU's best stands
-                text = str(exc).strip().splitlines()
-                log.warning("SPECDEC_NATIVE_ISA=%s ignored: %s", wanted, text[0] if text else exc)
+        if not reason:  # SPECDEC_NATIVE_ISA, as build.py's docstring says (a name it refuses: one warning line)
+            from specdec.native.build import native_isa
+
+            torch.ops.specdec_native.set_isa(native_isa(PATHS, torch.ops.specdec_native.cpu_isa()))
         _state["ok"], _state["reason"] = not reason, reason
         return not reason
 

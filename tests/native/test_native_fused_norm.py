@@ -1,7 +1,10 @@
 """The fused residual add + RMSNorm + activation rounding (w4a8.add_rms_norm_int8, the native model's norms where
 every matmul reading them is W4A8/W8A8): the int8 rows it hands the matmuls give the very bits the unfused path
-gives (ops.add_rms_norm's fp32 rows, rounded again inside each matmul), op by op and through the whole model;
-the model takes it only where it applies."""
+gives (ops.add_rms_norm's fp32 rows, rounded again inside each matmul), op by op and through the whole model, on
+every instruction-set path (AVX2's is csrc/w4a8_avx2.cpp's); the model takes it only where it applies.
+
+Every test here runs twice (tests/conftest.py's NATIVE_ISA_SUITES): on the CPU's best path, and with the ops and the
+matmuls forced onto AVX2, as an AVX2-only CPU runs them."""
 
 import random
 
@@ -97,14 +100,37 @@ def test_a_lora_adapter_gets_fp32_rows(monkeypatch):
         layer(w4a8.add_rms_norm_int8(None, torch.ones(1, layer.in_features), torch.ones(layer.in_features), 1e-6))
 
 
-def test_the_avx2_path_keeps_the_unfused_norm():
-    """The fused norm is an AVX512 kernel: on the AVX2 path the model's passes take the unfused norm
-    (test_w4a8_avx2 checks their bits equal the AVX512 path's) and the op itself refuses."""
-    if w4a8.cpu_isa() == "avx2":
-        pytest.skip("this CPU runs the AVX2 path only")
+def extreme_residuals(k: int) -> torch.Tensor:
+    """Rows for the norm's sum of squares and the rounding after it: zeros, tiny and huge magnitudes, one value among
+    zeros, alternating signs, a row whose normalized values land on .5 steps."""
+    rows = [torch.zeros(k), torch.full((k,), 1e-20), torch.full((k,), -3e15), torch.zeros(k),
+            torch.tensor([(-1.0) ** i * (i % 7 + 1) for i in range(k)]), (torch.arange(k) % 32 - 15.5).float()]
+    rows[3][5] = 2.5
+    return torch.stack(rows)
+
+
+def test_every_path_gives_the_fused_norm_the_same_bits():
+    """The fused norm runs on every path the CPU has (the AVX2 one too: an AVX2-only CPU's native model takes it),
+    and its residual, codes, scales and sums are the same bits on each."""
     model = native_model(capacity=64)
-    with w4a8.use_isa("avx2"):
-        assert model.model.int8_norms and not layers.int8_norms_now(model.model.norm_readers)
-        with pytest.raises(RuntimeError, match="AVX512-VNNI path only"):
-            w4a8.add_rms_norm_int8(None, torch.ones(1, 32), torch.ones(32), 1e-6)
-    assert layers.int8_norms_now(model.model.norm_readers)
+    assert model.model.int8_norms and layers.int8_norms_now(model.model.norm_readers)
+    paths = w4a8.PATHS[: w4a8.PATHS.index(w4a8.cpu_isa()) + 1]
+    if len(paths) == 1:
+        pytest.skip("this CPU runs the AVX2 path only: nothing to compare it with (the tests above run it)")
+    gen = torch.Generator().manual_seed(11)
+    k = 1536
+    x = torch.cat([torch.randn(9, k, generator=gen) * 3, extreme_residuals(k)])
+    residual = torch.cat([torch.randn(9, k, generator=gen), extreme_residuals(k).flip(0)])
+    weight = 1 + torch.randn(k, generator=gen) * 0.1
+    results = {}
+    for path in paths:
+        with w4a8.use_isa(path):
+            assert w4a8.isa() == path
+            for add in (True, False):
+                r = residual.clone()
+                rows = w4a8.add_rms_norm_int8(x if add else None, r, weight, 1e-6)
+                results[path, add] = (r, rows.codes, rows.scales, rows.sums, rows.code_sums)
+    for (path, add), got in results.items():
+        for name, a, b in zip(("residual", "codes", "scales", "sums", "code sums"), got, results[paths[0], add]):
+            assert torch.equal(a.view(torch.int8 if a.dtype == torch.int8 else torch.int32),
+                               b.view(torch.int8 if b.dtype == torch.int8 else torch.int32)), (path, paths[0], add, name)

@@ -284,7 +284,8 @@ def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
     """The AVX2 path and the dispatch must run on a CPU without AVX512 (none here to run them on): in the built
     library, only the AVX512 kernels (quantize_row<T>, tile_kernel<MB>, tile_kernel8<MB>, the fused norm's
     rms_norm_row and add_row, the AMX path's amx_*, global namespace) use zmm or mask registers or EVEX encodings;
-    every w4a8_avx2:: function has AVX2 instructions and none of those."""
+    every w4a8_avx2:: function (the fused norm's rms_norm_row and add_row among them) has AVX2 instructions and none
+    of those."""
     import re
 
     from disassembly import instructions
@@ -298,7 +299,7 @@ def test_only_the_avx512_kernels_hold_avx512_instructions(kernel):
         elif "w4a8_avx2::" in function and "%ymm" in operands:
             avx2_ymm.add(function)
     assert avx512, "the avx512 kernels were not found in the library"
-    for name in ("quantize_row", "w4a8_tile", "w8a8_tile"):
+    for name in ("quantize_row", "w4a8_tile", "w8a8_tile", "rms_norm_row", "add_row"):
         assert any(f"w4a8_avx2::{name}" in f for f in avx2_ymm), (name, sorted(avx2_ymm))
     print(f"avx512 functions: {sorted(avx512)}; avx2 functions: {sorted(avx2_ymm)}")
     assert not offenders, sorted(offenders)[:5]

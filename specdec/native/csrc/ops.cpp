@@ -50,12 +50,12 @@ class DefaultFpMode {
   unsigned int saved_;
 };
 
+// The path: the CPU's best until set_isa (specdec/native/ops.py applies SPECDEC_NATIVE_ISA through it when it
+// loads this library, with the one meaning specdec/native/build.py gives it; this file does not read it).
 int current() {
   int isa = g_isa.load();
   if (isa < 0) {
     isa = cpu_best();
-    const char* env = std::getenv("SPECDEC_NATIVE_ISA");
-    if (env && std::string(env) == "avx2" && isa >= AVX2) isa = AVX2;
     g_isa.store(isa);
   }
   TORCH_CHECK(isa != NONE, "specdec_native: the CPU has neither AVX2+FMA nor AVX512F");

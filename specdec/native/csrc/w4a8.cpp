@@ -22,8 +22,9 @@
 #endif
 
 // Which kernels run: the AVX512-VNNI ones below where the CPU (and the OS: __builtin_cpu_supports reads XCR0)
-// has them, else w4a8_avx2.cpp's (AVX2 + FMA), which give the same bits. SPECDEC_NATIVE_ISA=avx2 or set_isa
-// ("avx2") forces the AVX2 path (tests compare the two; benchmarks time it).
+// has them, else w4a8_avx2.cpp's (AVX2 + FMA), which give the same bits. set_isa("avx2") forces the AVX2 path
+// (tests compare the two; benchmarks time it); specdec/models/w4a8.py applies SPECDEC_NATIVE_ISA through it at
+// load, with the one meaning specdec/native/build.py gives it (this file does not read it).
 // ISA_AMX: the AVX512-VNNI kernels, and AMX tiles (Intel's int8 matrix unit) for blocks of AMX_MIN_ROWS rows or
 // more; the tiles compute the same exact integer dots and the epilogue is the VNNI kernels', so the bits are the same.
 enum MatmulIsa : int { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AMX = 3 };
@@ -66,9 +67,6 @@ static int current_isa() {
   int isa = g_isa.load();
   if (isa < 0) {
     isa = cpu_best();
-    const char* env = std::getenv("SPECDEC_NATIVE_ISA");
-    if (env && std::string(env) == "avx2" && isa >= ISA_AVX2) isa = ISA_AVX2;
-    if (env && std::string(env) == "avx512" && isa >= ISA_AVX512) isa = ISA_AVX512;
     g_isa.store(isa);
   }
   return isa;
@@ -508,11 +506,11 @@ at::Tensor w8a8_mm(const at::Tensor& x_in, const at::Tensor& packed, const at::T
 // per row, the normalized row never leaving a row buffer: residual fp32 [M, K] (K % 32 == 0), weight fp32 [K] ->
 // (codes int8 [M, K], scales fp32 [M, K / 32], sums fp32 [M, K / 32], code sums int32 [M, K / 32]), bit for bit
 // what quantizing ops.add_rms_norm's output gives, for w4a8_mm_q and w8a8_mm_q alike. The norm runs in IEEE's
-// default FP mode as ops.cpp's does; the rounding in the caller's, as w4a8_mm's does. The AVX512 path only (the
-// AVX2 path keeps the unfused norm: w4a8.fused_norm_runs says which).
+// default FP mode as ops.cpp's does; the rounding in the caller's, as w4a8_mm's does. Every path: the AVX2 one
+// (w4a8_avx2.cpp's add_row, rms_norm_row and quantize_row) gives the AVX512 one's bits, the AMX path is this one.
 std::vector<at::Tensor> add_rms_norm_q8(const c10::optional<at::Tensor>& x_in, at::Tensor residual,
                                         const at::Tensor& weight_in, double eps) {
-  TORCH_CHECK(current_isa() >= ISA_AVX512, "add_rms_norm_q8 runs on the AVX512-VNNI path only");
+  TORCH_CHECK(cpu_supported(), "add_rms_norm_q8 needs AVX512-VNNI or AVX2 + FMA");
   TORCH_CHECK(residual.dim() == 2 && residual.scalar_type() == at::kFloat && residual.is_contiguous() &&
               residual.size(1) % 32 == 0, "add_rms_norm_q8: residual fp32 [M, K], contiguous, K % 32 == 0");
   const int64_t M = residual.size(0), K = residual.size(1), G = K / 32;
@@ -532,15 +530,22 @@ std::vector<at::Tensor> add_rms_norm_q8(const c10::optional<at::Tensor>& x_in, a
   int8_t* q = xq.data_ptr<int8_t>();
   float *s = xs.data_ptr<float>(), *sm = xsum.data_ptr<float>();
   int32_t* qsum = qs.data_ptr<int32_t>();
+  const bool avx2 = avx2_path();
   at::parallel_for(0, M, std::max<int64_t>(1, (1 << 15) / K), [&](int64_t m0, int64_t m1) {
     std::vector<float> row(K);
     for (int64_t m = m0; m < m1; ++m) {
       const unsigned int caller = _mm_getcsr();
       _mm_setcsr(0x1F80);
-      if (xp) add_row(xp + m * K, rp + m * K, K);
-      rms_norm_row(rp + m * K, wp, row.data(), K, static_cast<float>(eps));
+      if (xp) avx2 ? w4a8_avx2::add_row(xp + m * K, rp + m * K, K) : add_row(xp + m * K, rp + m * K, K);
+      if (avx2)
+        w4a8_avx2::rms_norm_row(rp + m * K, wp, row.data(), K, static_cast<float>(eps));
+      else
+        rms_norm_row(rp + m * K, wp, row.data(), K, static_cast<float>(eps));
       _mm_setcsr(caller);
-      quantize_row(row.data(), K, q + m * K, s + m * G, sm + m * G);
+      if (avx2)
+        w4a8_avx2::quantize_row(row.data(), K, q + m * K, s + m * G, sm + m * G);
+      else
+        quantize_row(row.data(), K, q + m * K, s + m * G, sm + m * G);
       code_sums(q + m * K, G, qsum + m * G);
     }
   });

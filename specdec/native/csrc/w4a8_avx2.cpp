@@ -1,5 +1,6 @@
 // W4A8 and W8A8 on AVX2 + FMA (no VNNI, no AVX512): the same packed weights as w4a8.cpp's AVX512-VNNI kernels
-// and the same bits for every output, so a row's result does not depend on which CPU computed it.
+// and the same bits for every output, so a row's result does not depend on which CPU computed it; and the fused
+// norm's row (add_rms_norm_q8: add_row, rms_norm_row, then quantize_row), the same bits as its AVX512 path.
 //
 // specdec/models/w4a8.py puts this text before w4a8.cpp's in one translation unit (load_inline); w4a8.cpp
 // picks these functions at run time where the CPU lacks AVX512-VNNI or SPECDEC_NATIVE_ISA=avx2.
@@ -189,6 +190,33 @@ static void tile_kernel8(const uint8_t* w, int64_t G, const int8_t* xq, int64_t 
     __m256 sc = _mm256_loadu_ps(scale + 8 * (h0 + h));
     for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + m * ldo + 8 * (h0 + h), _mm256_mul_ps(acc[h][m], sc));
   }
+}
+
+// The fused norm's row (w4a8.cpp's add_rms_norm_q8): w4a8.cpp's rms_norm_row on 16 lanes as two 8-lane halves,
+// bit for bit, and so kernels_impl.h's on either path: the sum of squares one fma per 16-lane chunk in order (each
+// half its own lanes), lanes i + i+8 (lo + hi), then i + i+4, i + i+2, 0 + 1; mean = sum / d,
+// inv = 1 / sqrt(mean + eps), out = weight * (x * inv). d % 16 == 0.
+void rms_norm_row(const float* x, const float* weight, float* out, int64_t d, float eps) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int64_t i = 0; i < d; i += 16) {
+    __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    lo = _mm256_fmadd_ps(a, a, lo);
+    hi = _mm256_fmadd_ps(b, b, hi);
+  }
+  __m256 f = _mm256_add_ps(lo, hi);
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_shuffle_ps(t, t, 1));
+  float mean = _mm_cvtss_f32(t) / static_cast<float>(d);
+  __m256 inv = _mm256_set1_ps(1.0f / __builtin_sqrtf(mean + eps));
+  for (int64_t i = 0; i < d; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(weight + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), inv)));
+}
+
+// residual += x, lane by lane (d % 16 == 0): w4a8.cpp's add_row.
+void add_row(const float* x, float* residual, int64_t d) {
+  for (int64_t i = 0; i < d; i += 8)
+    _mm256_storeu_ps(residual + i, _mm256_add_ps(_mm256_loadu_ps(residual + i), _mm256_loadu_ps(x + i)));
 }
 
 // Calls f(m0, std::integral_constant<int, MB>) for mb rows in passes of ROWS from row m0 (the last one shorter).
