@@ -9,8 +9,8 @@ one is never served to the other), the dtype, torch (which owns ATen's layout), 
 layout and this code's format; those make the key stored in the file. Each kernel's packed weight
 is stored as it runs, not the kernel-neutral codes: a start then maps the file and packs nothing. A file whose key differs
 is stale and rebuilt in place. Files are written aside and renamed into place, so a reader never
-sees half of one; a file that does not read back (truncated, damaged, not ours) is a warning and
-a rebuild, never a failed load; one that cannot be written (a full disk, a read-only folder) is
+sees half of one; a file that does not read back (truncated, damaged, not ours) or whose content differs from
+its checksum (specdec.models.checksum: a flipped byte) is a warning and a rebuild, never a failed load; one that cannot be written (a full disk, a read-only folder) is
 one line in the log and a start served without it. The layers' buffers are memory-mapped from the file (torch.load
 with mmap), so a start copies nothing and the page cache shares them between processes; torch's
 format aligns every tensor to 64 bytes, which ATen's int8 kernel needs (safetensors packs tensors
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from specdec.models import w4a8
+from specdec.models.checksum import state_checksum
 from specdec.models.file_digest import content_digest
 from specdec.models.gguf_codes import GROUP
 from specdec.models.int4 import (
@@ -45,7 +46,8 @@ from specdec.paths import quantized_dir
 
 log = logging.getLogger("specdec.models")
 
-CACHE_FORMAT = 3  # bump when what a cached layer's buffers mean changes (2: per int4 kernel, 3: int8 kernels)
+CACHE_FORMAT = 4  # bump when what a cached layer's buffers mean changes (2: per int4 kernel, 3: int8 kernels,
+# 4: a checksum of the content)
 INT8_LAYOUTS = {  # what an int8 layer's buffers are, per int8 kernel (int8_kernel_for the int4 one)
     "aten": "aten._weight_int8pack_mm codes [out,in] scale [out]",
     "w8a8": f"specdec.models.w4a8.pack8 {w4a8.PACK8_LAYOUT}",
@@ -151,8 +153,8 @@ def save_layers(model, path: Path, key: dict, counts: dict[str, int]) -> None:
             tensors[f"{name}.{buffer}"] = tensor.contiguous()
     tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
-        torch.save({"key": json.dumps(key, sort_keys=True), "layers": layers, "counts": counts, "tensors": tensors},
-                   tmp)
+        state = {"key": json.dumps(key, sort_keys=True), "layers": layers, "counts": counts, "tensors": tensors}
+        torch.save({**state, "checksum": state_checksum(state)}, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -175,6 +177,8 @@ def load_layers(model, path: Path, key: dict, dtype: torch.dtype) -> dict[str, i
     saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     if saved.get("key") != json.dumps(key, sort_keys=True):
         return None
+    if saved.get("checksum") != state_checksum({name: v for name, v in saved.items() if name != "checksum"}):
+        raise ValueError("its content does not match its checksum: damaged on disk")
     layers, counts, stored = saved["layers"], saved["counts"], saved["tensors"]
     config = TargetQuantConfig(**key["config"])
     current = _layers(model)

@@ -4,8 +4,9 @@ Converting is most of a native start (a minute for the 1.5B on a busy 2-core mac
 the Q4_K codes, dequantizing and rounding the Q6_K tensors to int8). The result depends only on the GGUF's
 content (specdec.models.file_digest), the kernels' packed layouts, this format and torch; those make the key
 stored in the file, and a file whose key differs is stale and rebuilt in place. Files are written aside and
-renamed into place; a file that does not read back is a warning and a rebuild, a cache that cannot be written a
-log line: never a failed load. Tensors are memory-mapped (torch.load with mmap), so the page cache shares them
+renamed into place; a file that does not read back, or whose content differs from its checksum
+(specdec.models.checksum: a flipped byte), is a warning and a rebuild, a cache that cannot be written a log line:
+never a failed load. Tensors are memory-mapped (torch.load with mmap), so the page cache shares them
 between processes. The token embedding is not stored: it stays in the GGUF (gguf_weights.Embedding).
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from specdec.models import w4a8
+from specdec.models.checksum import state_checksum
 from specdec.models.file_digest import content_digest
 from specdec.native.gguf_weights import Concat, Embedding, LayerWeights, Qwen2Config, Qwen2Weights, read_qwen2
 from specdec.native.layers import Linear
@@ -29,7 +31,7 @@ from specdec.paths import quantized_dir
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1  # bump when what a stored entry means changes
+CACHE_FORMAT = 2  # bump when what a stored entry means changes (2: a checksum of the content)
 INT4_ROUNDING = "int4_groups v1"  # what an int4 file's rounding is (gguf_codes.int4_groups): in its key
 
 
@@ -121,6 +123,7 @@ def save(weights: Qwen2Weights, path: Path, key: str) -> None:
                     "gate_up": [_linear(p) for p in layer.gate_up.parts], "down": _linear(layer.down)}
                    for layer in weights.layers],
         "output_norm": weights.output_norm, "output": _linear(weights.output)}
+    state["checksum"] = state_checksum(state)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
         torch.save(state, tmp)
@@ -130,10 +133,13 @@ def save(weights: Qwen2Weights, path: Path, key: str) -> None:
 
 
 def load(path: Path, key: str, gguf: Path) -> Qwen2Weights | None:
-    """The stored weights, or None when the file is stale (another key). Raises on a file that does not read back."""
+    """The stored weights, or None when the file is stale (another key). Raises on a file that does not read back
+    or whose content is not what was written (its checksum)."""
     saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     if saved.get("key") != key:
         return None
+    if saved.get("checksum") != state_checksum({name: v for name, v in saved.items() if name != "checksum"}):
+        raise ValueError("its content does not match its checksum: damaged on disk")
     config = Qwen2Config(**saved["config"])
     if len(saved["layers"]) != config.layers:
         raise ValueError(f"holds {len(saved['layers'])} layers, the config says {config.layers}")

@@ -125,6 +125,25 @@ def test_a_corrupted_cache_warns_and_is_rebuilt(model_dir, conversions):
     assert len(conversions) == 3
 
 
+@pytest.mark.parametrize("where,width", [(0.5, 64), (0.7, 1)])
+def test_flipped_bytes_warn_and_are_rebuilt(model_dir, conversions, where, width):
+    """Issue #52 item 7: flipped bytes read back as other weights, silently; the file's checksum now tells."""
+    path, _ = model_dir
+    reference = logits(load(path))
+    (cached,) = quantized_dir().glob("*.pt")
+    data = bytearray(cached.read_bytes())
+    at = int(len(data) * where)
+    data[at : at + width] = bytes(b ^ (0xFF if width > 1 else 0x04) for b in data[at : at + width])
+    cached.write_bytes(bytes(data))
+    with pytest.warns(RuntimeWarning, match="checksum"):
+        rebuilt = load(path)
+    assert len(conversions) == 2 and torch.equal(logits(rebuilt), reference)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(logits(load(path)), reference)
+    assert len(conversions) == 2
+
+
 def test_a_touched_gguf_is_still_served_from_the_cache(model_dir, conversions):
     """The key is the GGUF's content: a new mtime alone (a `touch`, a fresh checkout) converts nothing."""
     path, gguf = model_dir

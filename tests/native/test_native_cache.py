@@ -67,6 +67,27 @@ def test_a_damaged_file_is_a_warning_and_a_rebuild(gguf, monkeypatch):
     assert torch.equal(logits(weights_cache.read_qwen2_cached(gguf)), first) and len(calls) == 2
 
 
+@pytest.mark.parametrize("where", [0.3, 0.5, 0.7, 0.9, "one bit"])
+def test_flipped_bytes_are_a_warning_and_a_rebuild(gguf, monkeypatch, where):
+    """Issue #52 item 7: 64 bytes flipped at 30/50/70/90% of the file, or one bit, gave different logits on every
+    later load, with no warning, and the file was never rebuilt. Its checksum now tells."""
+    calls = conversions(monkeypatch)
+    first = logits(weights_cache.read_qwen2_cached(gguf))
+    path = weights_cache.cache_path(gguf)
+    data = bytearray(path.read_bytes())
+    if where == "one bit":
+        data[len(data) // 2] ^= 0x08
+    else:
+        at = int(len(data) * where)
+        data[at : at + 64] = bytes(b ^ 0xFF for b in data[at : at + 64])
+    path.write_bytes(bytes(data))
+    with pytest.warns(RuntimeWarning, match="checksum") as said:
+        rebuilt = weights_cache.read_qwen2_cached(gguf)
+    assert len(said) == 1 and "\n" not in str(said[0].message)
+    assert len(calls) == 2 and torch.equal(logits(rebuilt), first)
+    assert torch.equal(logits(weights_cache.read_qwen2_cached(gguf)), first) and len(calls) == 2  # rebuilt whole
+
+
 def test_another_gguf_at_the_same_path_makes_the_file_stale(gguf, monkeypatch):
     calls = conversions(monkeypatch)
     weights_cache.read_qwen2_cached(gguf)
