@@ -27,8 +27,8 @@ def start_engines(args) -> dict:
     engines = {}
     for i, url in enumerate(urls if kind else [], 1):
         backend = load_engine(kind, url, target=args.target, max_prefix_tokens=args.max_prefix_tokens,
-                              max_suffix_tokens=args.max_suffix_tokens)
-        backend.total_s = backend.stall_s = 600.0  # a benchmark waits for slow machines
+                              max_suffix_tokens=args.max_suffix_tokens, engine_first_byte_seconds=600.0,
+                              engine_stall_seconds=600.0, engine_total_seconds=600.0)  # it waits for slow machines
         backend.predict_ms = 0  # and lets every row generate its --max-new-tokens (no engine-side time cap)
         if backend.health.state != "ok":
             raise SpecdecError(f"engine {url}: {backend.error or backend.health.reason}")

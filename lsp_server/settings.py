@@ -16,6 +16,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 
 from specdec.backends.base import engine_problem, url_problem
 from specdec.backends.remote.cli import ENGINES
+from specdec.backends.remote.http import Bounds
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompts.fim import TEMPLATES
 from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS, REPO_INDEX_MAX_TOKENS, REPO_INDEX_TOKENS_LIMIT
@@ -39,6 +40,12 @@ def setting(default, doc: str, *, min: float | None = None, max: float | None = 
     meta = {"doc": doc, "min": min, "max": max, "choices": choices, "choice_docs": choice_docs or {}, "zero": zero,
             "reload": reload, "output": output}
     return field(default=default, metadata=meta)
+
+
+def bound(name: str) -> dict:
+    """A remote engine's time bound's range, from the one rule (specdec.backends.remote.http.Bounds)."""
+    _, _, low, high = Bounds.LIMITS[name]
+    return {"min": low, "max": high, "output": False}
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,15 @@ class Settings:
                                        "sglang": "SGLang at engineUrl (/generate)."}, reload=True)
     engine_url: str = setting("", "The remote engine's base URL (http://HOST:PORT or https://...), for engine "
                               "llama-server, vllm or sglang; target then names the model it serves.", reload=True)
+    engine_connect_seconds: float = setting(Bounds.connect_s, "Seconds to wait at most for a connection to the "
+                                            "remote engine.", **bound("connect_s"))
+    engine_first_byte_seconds: float = setting(Bounds.first_byte_s, "Seconds to wait at most for the first byte of "
+                                               "the remote engine's reply: it evaluates the whole prompt first "
+                                               "(seconds on a CPU; docs/teams.md).", **bound("first_byte_s"))
+    engine_stall_seconds: float = setting(Bounds.stall_s, "Seconds to wait at most between two pieces of the remote "
+                                          "engine's reply, once it started.", **bound("stall_s"))
+    engine_total_seconds: float = setting(Bounds.total_s, "Seconds a remote completion may take at most, its first "
+                                          "byte included (the other engine bounds fit in it).", **bound("total_s"))
     dtype: str = setting("auto", "Target precision: auto is bf16 where the device computes it natively "
                          "(GPUs, CPUs with AVX512-BF16 or AMX), else fp32.",
                          choices=DTYPES, reload=True)
@@ -171,6 +187,9 @@ class Settings:
         # the one rule of engine and URL (specdec.backends.base); local keeps a URL the editor left set
         problem = (engine_problem(self.engine, self.engine_url, ("engine", "engineUrl")) if self.engine != "local"
                    else url_problem(self.engine_url, "engineUrl") if self.engine_url.strip() else "")
+        if problem:
+            raise SettingsError(problem)
+        problem = Bounds.of(self).problem()
         if problem:
             raise SettingsError(problem)
         if self.strategy in ("draft", "tree") and not self.draft:

@@ -10,9 +10,14 @@
   include_usage chunk with `usage` and, when `speculation`, `metrics.speculative_decoding`;
 - SGLang: GET /get_model_info, /get_server_info; POST /generate streaming the whole text so far and
   `meta_info` (spec_accept_rate / spec_accept_length / spec_verify_ct when `speculation`).
-Failures: `status` answers every POST with it (401, 500, ...), `stall_after` stops sending after that many
-pieces (and waits), `end_after` closes the connection after that many pieces without the final event,
-`garbage` sends a non-JSON event, `whole` answers with one JSON body instead of a stream.
+Failures: `status` answers every POST with it (401, 500, ...; `status_body` instead of the engine's own body,
+`retry_after` as its Retry-After header), `stall_after` stops sending after that many pieces (and waits),
+`end_after` closes the connection after that many pieces without the final event, `garbage` sends a non-JSON
+event, `whole` answers with one JSON body instead of a stream, `raw` streams these SSE lines (bytes) instead of
+the engine's events, `first_delay_s` waits that long after the headers before the first event (an engine
+evaluating a long prompt), `final_patch(fields)` edits the fields of the last event (the counts) in place,
+`replies` answers a GET path with (status, body bytes, content type) instead, `metrics_page` (bytes) is vLLM's
+/metrics.
 `requests` records each request (path, headers, body, how it ended: "done", "closed" when the client
 closed the connection before the reply was complete); `done` is set after each POST ends.
 """
@@ -27,15 +32,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from fake_llama_server import client_closed, send_json
 
 
+def send_raw(handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str, headers=None) -> None:
+    """One whole reply of any content type (HTML where JSON was expected, say), with extra headers."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    for key, value in (headers or {}).items():
+        handler.send_header(key, value)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class FakeEngine:
     def __init__(self, kind: str, pieces=("x",), speculation: bool = True, status: int = 0,
                  stall_after: int | None = None, end_after: int | None = None, garbage: bool = False,
                  token_delay_s: float = 0.0, prometheus: bool = False, adapters=(), model: str = "",
-                 whole: bool = False):
+                 whole: bool = False, status_body: bytes | None = None, retry_after: str = "", raw=None,
+                 first_delay_s: float = 0.0, final_patch=None, replies: dict | None = None,
+                 metrics_page: bytes | None = None):
         self.kind, self.pieces, self.speculation, self.status = kind, list(pieces), speculation, status
         self.stall_after, self.end_after, self.garbage, self.token_delay_s = stall_after, end_after, garbage, \
             token_delay_s
         self.prometheus, self.adapters, self.whole = prometheus, list(adapters), whole
+        self.status_body, self.retry_after, self.raw, self.first_delay_s = status_body, retry_after, raw, first_delay_s
+        self.final_patch, self.replies, self.metrics_page = final_patch, dict(replies or {}), metrics_page
         self.model = model or {"llama-server": "/models/qwen2.5-coder-7b-q4_k_m.gguf",
                                "vllm": "Qwen/Qwen2.5-Coder-7B", "sglang": "Qwen/Qwen2.5-Coder-7B"}[kind]
         self.requests: list[dict] = []
@@ -52,7 +72,11 @@ class FakeEngine:
 
             def do_GET(self):
                 engine.requests.append({"method": "GET", "path": self.path, "headers": dict(self.headers)})
-                self._json(*engine.get(self.path))
+                if self.path in engine.replies:
+                    status, body, content_type = engine.replies[self.path]
+                    send_raw(self, status, body, content_type)
+                else:
+                    self._json(*engine.get(self.path))
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -116,6 +140,8 @@ class FakeEngine:
                 data += [{"id": name, "object": "model", "parent": self.model} for name in self.adapters]
                 return 200, {"object": "list", "data": data}
             if path == "/metrics":
+                if self.metrics_page is not None:
+                    return 200, self.metrics_page
                 if not self.prometheus:
                     return 200, b"# HELP vllm:num_requests_running x\nvllm:num_requests_running 0.0\n"
                 d, t, a = self.counters
@@ -148,7 +174,7 @@ class FakeEngine:
             timings = {"prompt_n": 12, "prompt_ms": 3.0, "predicted_n": n, "predicted_ms": 9.0}
             if self.speculation:
                 timings.update(draft_n=8, draft_n_accepted=accepted)
-            return {"timings": timings}
+            return self.patched({"timings": timings})
         if self.kind == "vllm":
             self.counters = [self.counters[0] + 2, self.counters[1] + 8, self.counters[2] + accepted]
             out = {"usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n}}
@@ -157,11 +183,16 @@ class FakeEngine:
                     "mean_acceptance_length": n / 2, "draft_acceptance_rate": accepted / 8,
                     "acceptance_histogram": [0, 0, 0, 0, 2], "num_spec_steps": 2,
                     "num_accepted_draft_tokens": accepted, "num_draft_tokens": 8, "num_spec_tokens": 4}}
-            return out
+            return self.patched(out)
         meta = {"id": "r1", "prompt_tokens": 12, "completion_tokens": n, "finish_reason": {"type": "stop"}}
         if self.speculation:
             meta.update(spec_accept_rate=accepted / 8, spec_accept_length=n / 2, spec_verify_ct=2)
-        return {"meta_info": meta}
+        return self.patched({"meta_info": meta})
+
+    def patched(self, fields: dict) -> dict:
+        if self.final_patch is not None:
+            self.final_patch(fields)
+        return fields
 
     def event(self, i: int, text_so_far: str, last: bool) -> dict:
         piece = self.pieces[i]
@@ -171,7 +202,7 @@ class FakeEngine:
             if self.timings_per_token:  # cumulative counts on every event, as llama-server sends them
                 event.update(self.final_fields(n))
             if last:
-                event.update(stop=True, stop_type="eos", tokens_predicted=n, **self.final_fields(n))
+                event.update({"stop": True, "stop_type": "eos", "tokens_predicted": n, **self.final_fields(n)})
             return event
         if self.kind == "vllm":
             return {"id": "cmpl-1", "object": "text_completion", "model": self.model,
@@ -187,7 +218,10 @@ class FakeEngine:
         self.timings_per_token = bool(body.get("timings_per_token"))
         refused = self.refusal(body)
         if refused:
-            handler._json(*refused)
+            status, reply = refused
+            extra = {"Retry-After": self.retry_after} if self.retry_after else {}
+            send_raw(handler, status, self.status_body if self.status_body is not None else json.dumps(reply).encode(),
+                     "application/json", extra)
             return "done"
         if self.whole:
             n, text = len(self.pieces), "".join(self.pieces)
@@ -208,6 +242,18 @@ class FakeEngine:
             handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             handler.wfile.flush()
 
+        if self.first_delay_s:
+            end = time.monotonic() + self.first_delay_s
+            while time.monotonic() < end:
+                if client_closed(handler.connection):
+                    return "closed"
+                time.sleep(0.01)
+        if self.raw is not None:
+            for line in self.raw:
+                send(line)
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+            return "done"
         text = ""
         for i in range(len(self.pieces)):
             if self.stall_after is not None and i == self.stall_after:

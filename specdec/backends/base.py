@@ -10,12 +10,13 @@ when the engine keeps one, its pass trace.
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from specdec.backends.remote import KINDS as REMOTE_KINDS
+from specdec.backends.remote import API_KEY_ENV, KINDS as REMOTE_KINDS
 from specdec.errors import SpecdecError
 
 StopPredicate = Callable[[str], "int | None"]  # text so far -> where to cut it, or None to go on
@@ -150,18 +151,38 @@ def engine_problem(kind: str, url: str, names: tuple[str, str] = ("engine", "eng
     return url_problem(url, address)
 
 
+MAX_URL_CHARS = 2048  # an engine's base URL at most
+SHOWN_URL_CHARS = 80  # of a refused URL, in its message
+
+
 def url_problem(url: str, name: str = "engine URL") -> str:
-    """What is wrong with an engine's base URL ("" when nothing is); the message never shows a user:password."""
+    """What is wrong with an engine's base URL, in one line ("" when nothing is): not http(s), a port that is none,
+    a user:password (never sent, so refused rather than dropped), a host no resolver takes, control characters,
+    over MAX_URL_CHARS. The message never shows a user:password, nor more than SHOWN_URL_CHARS of the URL."""
+    url = url.strip()
+    shown = re.sub(r"//[^/@]*@", "//", url)
+    shown = shown[:SHOWN_URL_CHARS] + ("..." if len(shown) > SHOWN_URL_CHARS else "")
     try:
-        parts = urlsplit(url.strip())
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in url.strip())
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in url)
         parts.port  # noqa: B018 - raises ValueError for a port that is not one
     except ValueError:
         ok = False
-    if ok:
-        return ""
-    shown = re.sub(r"//[^/@]*@", "//", url.strip())
-    return f"{name} must be http://HOST[:PORT][/PATH] or https://..., not {shown!r}"
+    if not ok:
+        return f"{name} must be http://HOST[:PORT][/PATH] or https://..., not {shown!r}"
+    if parts.username is not None or parts.password is not None:
+        return (f"{name} must not hold a user or password (they would not be sent): the engine's key goes in "
+                f"{API_KEY_ENV}; not {shown!r}")
+    if len(url) > MAX_URL_CHARS:
+        return f"{name} must be at most {MAX_URL_CHARS} characters, not {len(url)}: {shown!r}"
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        return f"{name} must not hold control characters: {shown!r}"
+    host = parts.hostname
+    try:
+        ipaddress.ip_address(host.split("%")[0]) if ":" in host else host.encode("idna")
+    except (UnicodeError, ValueError):
+        return f"{name}'s host is not a host name (an empty label, or one over 63 characters): {shown!r}"
+    return ""
 
 
 def make_backend(kind: str = "local", url: str = "", cls=None, **options) -> Backend:

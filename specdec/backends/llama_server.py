@@ -362,7 +362,10 @@ async def stream(port: int, path: str, payload: dict, on_event: Callable[[dict],
             raise HttpError(f"{path} answered HTTP {status}: {data[:300].decode(errors='replace')}")
         pending = b""
         async for chunk in _chunks(reader, headers):
-            payloads, pending = sse.data_lines(pending + chunk)
+            try:
+                payloads, pending = sse.data_lines(pending + chunk)
+            except sse.EventTooLarge as exc:
+                raise HttpError(f"{path}: {exc}") from None
             for text in payloads:
                 if text == sse.DONE:
                     return False

@@ -216,8 +216,7 @@ FAILURES = [
 @pytest.mark.parametrize("fault,state,words", FAILURES)
 def test_failures_answer_empty_once_and_keep_the_key_secret(monkeypatch, caplog, kind, fault, state, words):
     with FakeEngine(kind, PIECES, **fault) as engine:
-        backend = backend_for(engine, monkeypatch)
-        backend.stall_s = 0.5
+        backend = backend_for(engine, monkeypatch, engineStallSeconds=0.5)
         started = time.monotonic()
         result = backend.complete(Request())
         assert time.monotonic() - started < 10

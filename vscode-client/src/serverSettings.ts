@@ -7,6 +7,10 @@ export interface ServerSettings {
   strategy: string;
   engine: string;
   engineUrl: string;
+  engineConnectSeconds: number;
+  engineFirstByteSeconds: number;
+  engineStallSeconds: number;
+  engineTotalSeconds: number;
   dtype: string;
   draftQuant: string;
   targetQuant: string;
@@ -41,6 +45,10 @@ export const SERVER_DEFAULTS: ServerSettings = {
   strategy: "auto",
   engine: "local",
   engineUrl: "",
+  engineConnectSeconds: 2.0,
+  engineFirstByteSeconds: 15.0,
+  engineStallSeconds: 8.0,
+  engineTotalSeconds: 20.0,
   dtype: "auto",
   draftQuant: "int8",
   targetQuant: "auto",
@@ -75,6 +83,10 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "strategy",
   "engine",
   "engineUrl",
+  "engineConnectSeconds",
+  "engineFirstByteSeconds",
+  "engineStallSeconds",
+  "engineTotalSeconds",
   "dtype",
   "draftQuant",
   "targetQuant",

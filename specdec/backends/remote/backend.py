@@ -3,9 +3,11 @@
 `complete` streams one completion and applies the caller's stop predicate after every streamed piece, as
 the local engine does after every token; when it says stop, the connection is closed (the engine drops
 the request) and the text is cut there, so the server's finalize and insert treat a remote suggestion
-exactly like a local one. The editor's cancel closes the connection too. Every failure becomes an empty
-result within the call's bounds and a state change in `health` (one message per outage, bounded backoff);
-nothing raises into the server.
+exactly like a local one. The editor's cancel closes the connection too. A reply is bounded by the request's
+max_new_tokens, whatever the engine sends: no more tokens (or pieces) than that, no more than MAX_TOKEN_CHARS
+characters a token; past either the stream is closed there. Every failure becomes an empty result within the
+call's bounds (http.Bounds: the settings engine*Seconds) and a state change in `health` (one message per
+outage, bounded backoff); nothing raises into the server, whatever the engine sends.
 """
 
 from __future__ import annotations
@@ -22,15 +24,14 @@ from specdec.backends.remote import API_KEY_ENV, KINDS
 from specdec.backends.remote import prompt as fim_prompt
 from specdec.backends.remote.engines import ENGINES, NOT_REPORTED, EngineRequest, Reading, Speculation, Vllm
 from specdec.backends.remote.health import Health
-from specdec.backends.remote.http import Call, Cancelled, EngineError, Endpoint, get_json, get_text
+from specdec.backends.remote.http import Bounds, Call, Cancelled, EngineError, Endpoint, get_json, get_text
 from specdec.backends.remote.tokens import CHARS_PER_TOKEN, TokenCounter, target_tokenizer
 
 log = logging.getLogger("specdec.engine")
 
-CONNECT_S = 2.0  # to open a connection
-STALL_S = 8.0  # between two pieces of a stream
-TOTAL_S = 20.0  # for a whole completion: every request is answered within this
 PREDICT_MS = 5000  # llama-server's own cap on prediction time (t_max_predict_ms), a backstop
+MAX_TOKEN_CHARS = 64  # characters of reply per token asked for at most (code models' longest tokens are shorter)
+DISCOVERY = {"llama-server": "/props", "vllm": "/v1/models", "sglang": "/get_model_info"}  # what it serves
 
 
 @dataclass
@@ -77,7 +78,7 @@ def served_adapter_name(repo_key: str) -> str:
 class RemoteBackend:
     """kind: llama-server | vllm | sglang. Settings read: engine_url (else the URL it was made with), target,
     fim_family, max_prefix_tokens, max_suffix_tokens, max_snippet_tokens (the repository context's budget),
-    adapters."""
+    adapters, engine_{connect,first_byte,stall,total}_seconds (http.Bounds; at every request)."""
 
     def __init__(self, kind: str, url: str = "", on_status=lambda state, message: None):
         """Made by specdec.backends.make_backend, which checks the kind and the URL. url: the engine's base URL,
@@ -95,7 +96,6 @@ class RemoteBackend:
         self._discovered = False
         self._counters: dict | None = None  # vLLM's last Prometheus scrape, for the fallback deltas
         self._prometheus = kind == "vllm"  # False once /metrics turned out not to have the counters
-        self.connect_s, self.stall_s, self.total_s = CONNECT_S, STALL_S, TOTAL_S
         self.predict_ms = PREDICT_MS  # llama-server's own time cap per completion; 0: none (the benchmark)
         self.speculation_source = NOT_REPORTED  # how the last request's speculation was known
         # a workspace folder -> its repository's key in the adapter registry (the server's registry lookup;
@@ -109,10 +109,16 @@ class RemoteBackend:
     def ready(self) -> bool:
         return self.state == "ready"
 
+    @property
+    def bounds(self) -> Bounds:
+        """The time bounds of a call, from the settings in force (a change applies at the next request)."""
+        return Bounds.of(self.settings)
+
     # -- load: check the settings, ask the engine what it serves ------------------------------------------
     def load(self, settings, report=lambda message, percent: None) -> None:
         """Never raises. A bad URL fails the load; an engine that does not answer yet does not: completions
-        start when it does (health.py)."""
+        start when it does (health.py). A load is a new configuration (another engineUrl, say): the old one's
+        outage and backoff end with it, and its discovery is the first try."""
         try:
             url = (getattr(settings, "engine_url", "") or self.url).strip()
             self.endpoint = Endpoint(url, os.environ.get(API_KEY_ENV, "").strip())
@@ -120,47 +126,65 @@ class RemoteBackend:
             self.state, self.error = "failed", str(exc)
             return
         self.settings, self._discovered = settings, False
+        self.health.reset()
         report(f"asking {self.kind} at {self.endpoint.shown}", 50)
-        self.discover()
+        if self.discover():
+            self.health.succeeded()  # says completions resume where an outage had been said
         self.state, self.error, self.progress = "ready", "", ""
 
     def discover(self) -> bool:
         """The served model and adapters (llama-server /props and /lora-adapters, vLLM /v1/models, SGLang
-        /get_model_info and /get_server_info); False if the engine did not answer."""
-        ep = self.endpoint
+        /get_model_info and /get_server_info). False, and a health state with one line saying why, where the
+        engine did not answer or answered as no engine of this kind would (another kind's 404, a 500, HTML, a
+        JSON list); the adapters' endpoints are optional."""
+        ep, path = self.endpoint, DISCOVERY[self.kind]
+        timeout = self.bounds.connect_s
         try:
+            info = get_json(ep, path, timeout)
+            if not isinstance(info, dict):
+                raise EngineError("shape", f"{ep.shown}{path}: a JSON {type(info).__name__}, not what a {self.kind} "
+                                           "answers; is engine the kind of server at engineUrl?")
             if self.kind == "llama-server":
-                props = get_json(ep, "/props", self.connect_s)
-                self.model = str((props or {}).get("model_path") or (props or {}).get("model_alias") or "")
-                try:
-                    loras = get_json(ep, "/lora-adapters", self.connect_s)
-                    self.adapters = {Path(str(a.get("path", ""))).stem: int(a["id"]) for a in loras
-                                     if isinstance(a, dict) and "id" in a}
-                except EngineError:
-                    self.adapters = {}
+                self.model = str(info.get("model_path") or info.get("model_alias") or "")
             elif self.kind == "vllm":
-                models = (get_json(ep, "/v1/models", self.connect_s) or {}).get("data") or []
+                models = info.get("data")
+                if not isinstance(models, list):
+                    raise EngineError("shape", f"{ep.shown}{path}: no model list in the reply")
                 base = [m for m in models if isinstance(m, dict) and not m.get("parent")]
                 self.model = str(base[0].get("id", "")) if base else ""
                 self.adapters = {str(m.get("id")): None for m in models if isinstance(m, dict) and m.get("parent")}
-                if self._prometheus:
-                    self._scrape()
             else:
-                info = get_json(ep, "/get_model_info", self.connect_s) or {}
                 self.model = str(info.get("model_path") or "")
-                try:
-                    server = get_json(ep, "/get_server_info", self.connect_s) or {}
-                    paths = server.get("lora_paths") or {}
-                    names = paths.keys() if isinstance(paths, dict) else [str(p).split("=")[0] for p in paths]
-                    self.adapters = {str(n): None for n in names}
-                except EngineError:
-                    self.adapters = {}
-        except (EngineError, AttributeError, TypeError, ValueError) as exc:
-            if isinstance(exc, EngineError) and exc.kind in ("unreachable", "auth", "timeout", "stalled"):
-                self.health.failed(exc.kind, str(exc))
+        except EngineError as exc:
+            reason = ep.describe(exc)
+            if exc.status == 404:
+                reason += f"; not a {self.kind}? (engine {self.kind} asks {path})"
+            self.health.failed(exc.kind, reason, exc.retry_after)
             return False
+        except Exception as exc:  # noqa: BLE001 - a reply of a shape no engine sends: one line, never a raise
+            self.health.failed("shape", f"{ep.shown}{path}: a reply not understood ({type(exc).__name__})")
+            return False
+        self.adapters = self._served_adapters(timeout) if self.kind != "vllm" else self.adapters
+        if self.kind == "vllm" and self._prometheus:
+            self._scrape()
         self._discovered = True
         return True
+
+    def _served_adapters(self, timeout: float) -> dict[str, int | None]:
+        """llama-server's /lora-adapters (name -> id), SGLang's /get_server_info lora_paths; {} where the engine
+        has none or says nothing readable."""
+        ep = self.endpoint
+        try:
+            if self.kind == "llama-server":
+                loras = get_json(ep, "/lora-adapters", timeout)
+                return {Path(str(a.get("path", ""))).stem: int(a["id"]) for a in loras
+                        if isinstance(a, dict) and "id" in a}
+            server = get_json(ep, "/get_server_info", timeout) or {}
+            paths = server.get("lora_paths") or {}
+            names = paths.keys() if isinstance(paths, dict) else [str(p).split("=")[0] for p in paths]
+            return {str(n): None for n in names}
+        except (EngineError, AttributeError, TypeError, ValueError, OverflowError):
+            return {}
 
     def token_counter(self, wait: bool = True) -> TokenCounter:
         """The target's tokens: its tokenizer built here on first need (blocking: a GGUF's vocabulary takes
@@ -218,25 +242,42 @@ class RemoteBackend:
     # -- one completion -----------------------------------------------------------------------------------
     def complete(self, request, stop=None, cancel=None, chunks: list[dict] | None = None) -> RemoteResult:
         """Stream one completion. chunks: repository context [{filename, text}], best first; as many as fit
-        maxSnippetTokens (in the target's tokens) go to the engine, best last (prompt.chunks_within)."""
+        maxSnippetTokens (in the target's tokens) go to the engine, best last (prompt.chunks_within). Never
+        raises: whatever goes wrong is an empty result and a health state with one line."""
         started = time.perf_counter()
         if not self.health.may_try():
             return self._empty("error", started)
-        if not self._discovered and not self.discover():
-            self.health.released()
+        try:
+            if not self._discovered and not self.discover():
+                return self._empty("error", started)
+            return self._stream(request, stop, cancel, chunks, started)
+        except Exception as exc:  # noqa: BLE001 - an engine's reply we did not foresee: one line, never a raise
+            reason = f"{self.endpoint.shown}{self.engine.path}: a reply not understood ({type(exc).__name__})"
+            log.warning("%s: %s", self.kind, reason)
+            self.health.failed("shape", reason)
             return self._empty("error", started)
+
+    def _stream(self, request, stop, cancel, chunks, started: float) -> RemoteResult:
         req = self.engine_request(request, chunks)
         reading, pieces, reason = Reading(), 0, ""
+        most_chars = req.max_tokens * MAX_TOKEN_CHARS
         try:
-            with Call(self.endpoint, "POST", self.engine.path, self.engine.body(req), cancel, self.connect_s,
-                      self.stall_s, self.total_s, stream=True) as call:
+            with Call(self.endpoint, "POST", self.engine.path, self.engine.body(req), cancel, self.bounds,
+                      stream=True) as call:
                 call.check_status()
                 for event in call.events():
+                    before = len(reading.text)
                     if self.engine.read(event, reading):
                         pieces += 1
+                    if max(len(reading.tokens), pieces) > req.max_tokens:  # the engine ignored its cap
+                        reading.text, reason = reading.text[:before], "max_tokens"
+                    if len(reading.text) > most_chars:
+                        reading.text, reason = reading.text[:most_chars], "max_tokens"
+                    del reading.tokens[req.max_tokens:]
                     cut = stop(reading.text) if stop is not None and reading.text else None
                     if cut is not None:
                         reading.text, reason = reading.text[:cut], "stop"
+                    if reason:
                         break  # leaving the block closes the connection: the engine drops the request
                 if not reason and not reading.finish:
                     raise EngineError("ended", f"{self.endpoint.shown}{self.engine.path}: the stream ended "
@@ -245,11 +286,13 @@ class RemoteBackend:
             self.health.released()
             return self._result(reading, "cancelled", pieces, started, req.lora)
         except EngineError as exc:
-            log.warning("%s: %s", self.kind, self.endpoint.scrub(str(exc)))
-            self.health.failed(exc.kind, self.endpoint.scrub(str(exc)))
+            line = self.endpoint.describe(exc)
+            log.warning("%s: %s", self.kind, line)
+            self.health.failed(exc.kind, line, exc.retry_after)
             return self._empty("error", started)
+        result = self._result(reading, reason or self.engine.stop_reason(reading), pieces, started, req.lora)
         self.health.succeeded()
-        return self._result(reading, reason or self.engine.stop_reason(reading), pieces, started, req.lora)
+        return result
 
     def _speculation(self, reading: Reading) -> Speculation:
         spec = self.engine.speculation(reading)
@@ -262,7 +305,7 @@ class RemoteBackend:
 
     def _scrape(self) -> dict | None:
         try:
-            counters = Vllm.counters(get_text(self.endpoint, "/metrics", 1.0))
+            counters = Vllm.counters(get_text(self.endpoint, "/metrics", min(1.0, self.bounds.total_s)))
         except EngineError:
             counters = None
         if counters is None:

@@ -11,17 +11,22 @@ vLLM: `/v1/completions` with the raw FIM prompt (it refuses `suffix`), explicit 
 SGLang: `/generate` with the raw FIM prompt and `sampling_params`; `meta_info` `spec_accept_rate` /
 `spec_accept_length` / `spec_verify_ct`.
 
-A `Speculation` with `source == "not reported"` carries no counts: missing fields are never zero acceptance.
+A `Speculation` with `source == "not reported"` carries no counts: missing fields are never zero acceptance,
+and neither is a count that is not one (`_count`: negative, not finite, Infinity, 1e999, beyond MAX_COUNT).
+An event of the wrong shape is an EngineError carrying the engine's words uncut: backend.py quotes them
+(`Endpoint.describe`), scrubbing the key before any cut.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
 from specdec.backends.remote.http import EngineError
 
 REPORTED, PROMETHEUS, NOT_REPORTED = "reported", "prometheus", "not reported"
+MAX_COUNT = 1 << 53  # a count beyond this (a float's whole numbers) is no count of tokens or passes
 
 
 @dataclass
@@ -69,12 +74,20 @@ class Reading:
 
 
 def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite number, or None (not a number, a boolean, Infinity or NaN, an int too big for a float)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _count(value) -> int | None:
+    """A whole count (the nearest, where it is computed from a rate), or None where the value is not one."""
     number = _number(value)
-    return int(number) if number is not None and number >= 0 else None
+    return round(number) if number is not None and 0 <= number <= MAX_COUNT else None
 
 
 def passes_from(tokens: int | None, accepted: int | None) -> int | None:
@@ -111,9 +124,9 @@ class LlamaServer:
 
     def read(self, event, reading: Reading) -> str:
         if not isinstance(event, dict) or not isinstance(event.get("content", ""), str):
-            raise EngineError("shape", f"llama-server sent an event without content: {str(event)[:120]!r}")
+            raise EngineError("shape", "llama-server sent an event without content", words=str(event))
         if "error" in event:
-            raise EngineError("http", f"llama-server: {str(event['error'])[:200]}")
+            raise EngineError("http", "llama-server said", words=str(event["error"]))
         piece = event.get("content", "")
         reading.text += piece
         tokens = event.get("tokens")
@@ -156,11 +169,11 @@ class Vllm:
 
     def read(self, event, reading: Reading) -> str:
         if not isinstance(event, dict) or not isinstance(event.get("choices"), list):
-            raise EngineError("shape", f"vLLM sent an event without choices: {str(event)[:120]!r}")
+            raise EngineError("shape", "vLLM sent an event without choices", words=str(event))
         piece = ""
         for choice in event["choices"]:
             if not isinstance(choice, dict) or not isinstance(choice.get("text", ""), str):
-                raise EngineError("shape", f"vLLM sent a choice without text: {str(choice)[:120]!r}")
+                raise EngineError("shape", "vLLM sent a choice without text", words=str(choice))
             piece += choice.get("text", "")
             if choice.get("finish_reason"):
                 reading.finish = str(choice["finish_reason"])
@@ -191,14 +204,18 @@ class Vllm:
                 continue
             match = re.match(r"^([a-zA-Z_:][\w:]*?)(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)", line)
             if match and match.group(1) in cls.COUNTERS:
-                totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(2))
+                try:
+                    value = float(match.group(2))  # 1e999 is inf: delta() reads no count from it
+                except ValueError:
+                    continue
+                totals[match.group(1)] = totals.get(match.group(1), 0.0) + value
         return totals if len(totals) == len(cls.COUNTERS) else None
 
     @classmethod
     def delta(cls, before: dict[str, float], after: dict[str, float]) -> Speculation:
         """Server-wide counter deltas between two scrapes: this request's and any other served meanwhile."""
-        drafts, drafted, accepted = (int(after[c] - before[c]) for c in cls.COUNTERS)
-        if min(drafts, drafted, accepted) < 0:  # the engine restarted between the scrapes
+        drafts, drafted, accepted = (_count(after[c] - before[c]) for c in cls.COUNTERS)
+        if None in (drafts, drafted, accepted):  # the engine restarted between the scrapes, or a counter is not one
             return Speculation()
         return Speculation(PROMETHEUS, drafted, accepted, None)
 
@@ -222,7 +239,7 @@ class Sglang:
 
     def read(self, event, reading: Reading) -> str:
         if not isinstance(event, dict) or not isinstance(event.get("text"), str):
-            raise EngineError("shape", f"SGLang sent an event without text: {str(event)[:120]!r}")
+            raise EngineError("shape", "SGLang sent an event without text", words=str(event))
         text = event["text"]
         # /generate streams the whole text so far (or, with --incremental-streaming-output, the new piece)
         piece = text[len(reading.text):] if text.startswith(reading.text) else text
@@ -242,12 +259,15 @@ class Sglang:
         tokens = reading.completion_tokens
         if rate is None or length is None or not tokens:
             return Speculation()
-        passes = _count(meta.get("spec_verify_ct")) or (max(1, round(tokens / length)) if length > 0 else None)
+        estimate = _count(tokens / length) if length > 0 else None
+        passes = _count(meta.get("spec_verify_ct")) or (max(1, estimate) if estimate is not None else None)
         if passes is None:
             return Speculation()
         accepted = max(0, tokens - passes)
         if rate > 0:
-            return Speculation(REPORTED, max(accepted, round(accepted / rate)), accepted, passes)
+            drafted = _count(accepted / rate)  # a rate of 1e-320 drafts no 10^320 tokens
+            return Speculation(REPORTED, max(accepted, drafted), accepted, passes) if drafted is not None \
+                else Speculation()
         if accepted == 0:  # nothing accepted: how much was drafted is not said
             return Speculation(NOT_REPORTED, None, None, passes)
         return Speculation()

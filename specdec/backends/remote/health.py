@@ -3,7 +3,9 @@
 While the engine is down, requests are answered empty at once instead of each one waiting out a timeout
 (no retry storm on every keystroke); after the backoff (1 s doubling to MAX_BACKOFF_S) one request tries
 the engine again, and its success ends the outage: completions resume by themselves. The user hears of an
-outage once (`on_change` with the new state and a one-line reason) and once when it ends.
+outage once (`on_change` with the new state and a one-line reason) and once when it ends. An engine's
+Retry-After is honoured up to MAX_BACKOFF_S; a new configuration (`reset`: another engineUrl) ends the
+backoff at once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Health:
         self.failures = 0  # in a row
         self.retry_at = 0.0
         self._trying = False  # one request probes a down engine at a time
+        self._announced = False  # an outage was said before a reset: the next success says it is over
         self._lock = threading.Lock()
 
     def may_try(self) -> bool:
@@ -45,18 +48,29 @@ class Health:
     def succeeded(self) -> None:
         with self._lock:
             was, self._trying = self.state, False
+            announced, self._announced = self._announced, False
             self.state, self.reason, self.failures, self.retry_at = "ok", "", 0, 0.0
-        if was != "ok":
+        if was != "ok" or announced:
             self.on_change("ok", "engine reachable again: completions resume")
 
-    def failed(self, kind: str, reason: str) -> None:
+    def failed(self, kind: str, reason: str, retry_after: float | None = None) -> None:
+        """retry_after: the engine's Retry-After in seconds: the next try waits that long, up to max_s."""
         with self._lock:
             was, self._trying = self.state, False
             self.failures += 1
-            delay = min(self.max_s, self.first_s * 2 ** (self.failures - 1))
+            delay = min(self.max_s, max(self.first_s * 2 ** min(self.failures - 1, 32), retry_after or 0.0))
             self.state, self.reason, self.retry_at = kind if kind in STATES else "http", reason, self.clock() + delay
+            if was == "ok":
+                self._announced = False  # this outage's own message follows
         if was == "ok":  # one message per outage, not per request
             self.on_change(self.state, f"{STATES[self.state]}: {reason}; retrying in the background")
+
+    def reset(self) -> None:
+        """A new configuration (another URL, key or engine settings): no backoff left, the next request tries.
+        Silent: a failure of the new one is a new outage with its own message, a success says the old one ended."""
+        with self._lock:
+            self._announced = self._announced or self.state != "ok"
+            self.state, self.reason, self.failures, self.retry_at, self._trying = "ok", "", 0, 0.0, False
 
     def released(self) -> None:
         """A probing request ended without a verdict (cancelled): let the next one try."""

@@ -38,7 +38,7 @@ test("every server setting is read and sent, with the server's defaults where un
     fimFamily: "starcoder", serverCommand: ["x"] }));
   const options = initializationOptions(read);
   assert.deepEqual(Object.keys(options), [...SERVER_KEYS]);
-  assert.equal(SERVER_KEYS.length, 31);  // targetQuant made it 21, int4Kernel 22, repoIndex and repoIndexMaxTokens 24, the four online* settings 28, forward 29, engine and engineUrl 31
+  assert.equal(SERVER_KEYS.length, 35);  // targetQuant made it 21, int4Kernel 22, repoIndex and repoIndexMaxTokens 24, the four online* settings 28, forward 29, engine and engineUrl 31, the four engine*Seconds bounds 35
   assert.deepEqual([options.maxDraft, options.temperature, options.topP, options.draftQuant, options.multiline,
     options.fimFamily], [4, 0.2, 0.9, "none", false, "starcoder"]);
   assert.equal(options.maxNewTokens, SERVER_DEFAULTS.maxNewTokens);
