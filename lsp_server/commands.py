@@ -25,17 +25,24 @@ def cmd_serve(args) -> int:
 
 
 def engine_settings(args):
-    """The server's base settings from --engine/--engine-url (the editor's options still apply over them);
-    None when neither is given. A bad pair is one line, before anything starts."""
-    if args.engine is None and args.engine_url is None:
+    """The server's base settings from --engine/--engine-url and the --engine-*-seconds bounds (the editor's
+    options still apply over them); None when none is given. A bad value is one line, before anything starts,
+    naming the flags."""
+    from specdec.backends.remote.cli import BOUND_FLAGS, engine_bounds
+
+    bounds = engine_bounds(args)
+    if args.engine is None and args.engine_url is None and not bounds:
         return None
-    from lsp_server.settings import Settings, SettingsError
+    from lsp_server.settings import Settings, SettingsError, camel
 
     options = {key: value for key, value in (("engine", args.engine), ("engineUrl", args.engine_url)) if value}
     try:
-        return Settings().update(options)
+        return Settings().update({**options, **bounds})
     except SettingsError as exc:
-        raise SpecdecError(str(exc).replace("engineUrl", "--engine-url")) from None
+        message = str(exc).replace("engineUrl", "--engine-url")
+        for key, flag in BOUND_FLAGS.items():
+            message = message.replace(camel(key), flag)
+        raise SpecdecError(message) from None
 
 
 def cmd_stats(args) -> int:

@@ -77,13 +77,12 @@ def cmd_complete(args) -> int:
     from specdec.backends.remote.cli import check_engine_args
 
     engine = check_engine_args(args)
+    check_trace_json(args.trace_json)
     if engine:
         return complete_remotely(args, engine, prefix, suffix)
     repo = args.repo or (repository_of(args.file) if args.strategy == "repo" else None)
     if repo and not Path(repo).is_dir():
         raise SpecdecError(f"--repo {repo}: not a folder")
-    if args.trace_json and not Path(args.trace_json).resolve().parent.is_dir():
-        raise SpecdecError(f"--trace-json {args.trace_json}: its folder does not exist")
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     completer = load_completer(args, args.strategy, repo, document_key(args.file))
     tracing = args.trace or args.trace_json
@@ -110,9 +109,9 @@ def complete_remotely(args, engine: str, prefix: str, suffix: str) -> int:
     --trace report the engine's own speculation counts (or that it reported none)."""
     from types import SimpleNamespace
 
-    from specdec.backends.remote.cli import load_engine
+    from specdec.backends.remote.cli import engine_bounds, load_engine
 
-    backend = load_engine(engine, args.engine_url, target=args.target)
+    backend = load_engine(engine, args.engine_url, target=args.target, **engine_bounds(args))
     request = SimpleNamespace(prefix=prefix, suffix=suffix, path=args.file, workspace="", language="",
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               seed=args.seed)
@@ -132,8 +131,7 @@ def complete_remotely(args, engine: str, prefix: str, suffix: str) -> int:
     if args.trace or args.trace_json:
         recorded = result.trace.as_dict()
         if args.trace_json:
-            with open(args.trace_json, "w", encoding="utf-8") as f:
-                json.dump(recorded, f, indent=1)
+            write_trace_json(args.trace_json, recorded)
         if args.trace:
             counts = ("not reported" if recorded["speculation"] == "not reported" else
                       f"{recorded['accepted']} of {recorded['drafted']} drafted tokens accepted over "
@@ -141,6 +139,35 @@ def complete_remotely(args, engine: str, prefix: str, suffix: str) -> int:
             (sys.stderr if args.json else sys.stdout).write(f"\n{engine}: {recorded['new_tokens']} tokens; "
                                                             f"speculation {counts}; per pass: not sent by engines\n")
     return 0
+
+
+def check_trace_json(path: str | None) -> None:
+    """Refuse a --trace-json path that cannot be written, in one line, before models load or an engine is asked:
+    a folder, a missing or read-only folder. What only writing tells (a full disk, /dev/full) write_trace_json
+    says."""
+    import os
+    from pathlib import Path
+
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise SpecdecError(f"--trace-json {path}: is a folder, not a file")
+    folder = target.resolve().parent
+    if not folder.is_dir():
+        raise SpecdecError(f"--trace-json {path}: its folder does not exist")
+    if not os.access(target if target.exists() else folder, os.W_OK):
+        raise SpecdecError(f"--trace-json {path}: not writable")
+
+
+def write_trace_json(path: str, recorded: dict) -> None:
+    """--trace-json FILE: the records as JSON; a failed write (a full disk) is one line, not a traceback."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(recorded, f, indent=1)
+            f.write("\n")
+    except OSError as exc:
+        raise SpecdecError(f"--trace-json {path}: {exc.strerror or exc}") from None
 
 
 def write_trace(args, trace, tokenizer) -> None:
@@ -151,12 +178,7 @@ def write_trace(args, trace, tokenizer) -> None:
     trace.adapter = getattr(args, "adapter", None) or ""
     recorded = trace.as_dict(tokenizer.decode)
     if args.trace_json:
-        try:
-            with open(args.trace_json, "w", encoding="utf-8") as f:
-                json.dump(recorded, f, indent=1)
-                f.write("\n")
-        except OSError as exc:
-            raise SpecdecError(f"--trace-json {args.trace_json}: {exc.strerror or exc}") from exc
+        write_trace_json(args.trace_json, recorded)
     if args.trace:
         stream = sys.stderr if args.json else sys.stdout
         stream.write("\n" + render(recorded, wants_colour(stream)))
