@@ -14,6 +14,7 @@ from specdec.errors import SpecdecError
 
 PER_DOCUMENT = 8
 MAX_DOCUMENTS = 64
+SHOWN_CHARS = 40  # of a refused parameter, in the error
 
 
 class TraceStore:
@@ -48,7 +49,9 @@ def parse_params(params) -> tuple[str, int | None]:
     if not isinstance(uri, str) or not uri:
         raise SpecdecError('specdec/trace needs params {"uri": DOCUMENT_URI, "limit": N}')
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise SpecdecError(f"specdec/trace: limit must be a whole number >= 0, got {limit!r}")
+        shown = repr(limit)
+        shown = shown[:SHOWN_CHARS] + ("..." if len(shown) > SHOWN_CHARS else "")  # a 1 MB limit is not echoed
+        raise SpecdecError(f"specdec/trace: limit must be a whole number >= 0, got {shown}")
     return uri, limit
 
 

@@ -136,7 +136,9 @@ def test_unreported_speculation_is_not_zero_acceptance(server):
                                                (dict(status=503), "http", "HTTP 503"),
                                                (dict(stall_after=1), "stalled", "stalled"),
                                                (dict(end_after=1), "ended", "ended early"),
-                                               (dict(garbage=True), "shape", "not understood")])
+                                               (dict(garbage=True), "shape", "not understood"),
+                                               (dict(raw=[b"data: " + b"[" * 200_000 + b"]" * 200_000 + b"\n\n"]),
+                                                "shape", "not understood")])  # JSON deeper than Python's stack
 def test_failure_one_message_status_state_no_traceback_no_key(server, tmp_path, fault, state, words):
     with FakeEngine("vllm", ["return a + b", "\n"], **fault) as engine:
         s = server()
@@ -209,3 +211,31 @@ def test_serve_engine_flags_are_the_base_settings(server):
             "uri": DOC, "languageId": "python", "version": 1, "text": TEXT}}))
         assert s.inline(1) == ["return a + b"]
         assert s.stats()["engine"]["kind"] == "vllm" and engine.posts[-1]["path"] == "/v1/completions"
+
+
+def test_wrong_engine_kind_is_a_message_and_a_state(server, tmp_path):
+    """engine llama-server pointed at a vLLM: its /props is a 404, said once, shown as the engine's state."""
+    with FakeEngine("vllm", ["return a + b"]) as engine:
+        s = server()
+        s.start("llama-server", engine.url)
+        assert s.inline(1) == []
+        messages = s.wait_messages(1)
+        stats = s.stats()
+    assert stats["model"]["state"] == "ready" and stats["engine"]["state"] == "http"
+    assert len(messages) == 1 and messages[0]["type"] == 2 and "not a llama-server" in messages[0]["message"]
+    assert "404" in stats["engine"]["reason"] and "Traceback" not in s.stderr()
+
+
+def test_refused_trace_requests_are_one_log_line_and_a_short_error(server, tmp_path):
+    with FakeEngine("vllm", ["return a + b"]) as engine:
+        s = server()
+        s.start("vllm", engine.url)
+        huge = s.call("huge", "specdec/trace", {"uri": DOC, "limit": "x" * 1_000_000})
+        negative = s.call("negative", "specdec/trace", {"uri": DOC, "limit": -1})
+        assert s.call("fine", "specdec/trace", {"uri": DOC})["result"]["traces"] == []  # still serving
+    assert huge["error"]["code"] == -32602 and len(huge["error"]["message"]) < 200
+    assert negative["error"]["code"] == -32602 and "-1" in negative["error"]["message"]
+    said = s.stderr()
+    assert "Traceback" not in said and "x" * 1000 not in said
+    refusals = [line for line in said.splitlines() if "refused request" in line]
+    assert len(refusals) == 2 and "WARNING" in refusals[0] and "limit must be a whole number" in refusals[0]
