@@ -231,6 +231,16 @@ def test_an_engine_ignoring_its_token_cap_is_cut_at_it(monkeypatch, kind):
     assert post["ended"] == "closed"
 
 
+def test_the_llama_server_client_of_the_benchmarks_bounds_an_event_too():
+    import asyncio
+
+    from specdec.backends.llama_server import HttpError, stream
+
+    with FakeEngine("llama-server", raw=[b"data: " + b"x" * (2 << 20) + b"\n\n"]) as engine:
+        with pytest.raises(HttpError, match="bytes"):
+            asyncio.run(stream(engine.port, "/infill", {"stream": True}, lambda event: False))
+
+
 # -- item 11: a new URL ends the backoff, Retry-After, IPv6 hosts ----------------------------------------------------
 
 def test_a_new_engine_url_does_not_wait_out_the_old_backoff(monkeypatch):
