@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -35,6 +36,53 @@ def _this_checkouts_packages() -> None:
 
 
 _this_checkouts_packages()
+
+
+# The native suites that run twice (issue #52): on the path the process runs (the CPU's best, or SPECDEC_NATIVE_ISA's)
+# and once more with the native ops and the matmuls forced onto AVX2, so a CPU with AVX512 catches what an AVX2-only
+# one would; the ids end in [default-isa] and [forced-avx2]. The second skips, saying so, where the process runs on
+# AVX2 already. test_native_ops.py, test_native_attention.py and test_w4a8_avx2.py compare the paths themselves.
+NATIVE_ISA_SUITES = ("native/test_native_exact.py", "native/test_native_lm.py", "native/test_native_fused_norm.py",
+                     "models/test_w4a8.py")
+NATIVE_ISA_PARAMS = ("default-isa", "forced-avx2")
+
+
+def pytest_generate_tests(metafunc):
+    try:
+        suite = Path(metafunc.definition.path).resolve().relative_to(Path(__file__).resolve().parent).as_posix()
+    except ValueError:
+        return
+    if suite in NATIVE_ISA_SUITES:
+        metafunc.parametrize("native_isa", NATIVE_ISA_PARAMS, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def native_isa(request):
+    """No-op but in NATIVE_ISA_SUITES' [forced-avx2] runs: the test runs with the ops and the matmuls on AVX2 (set up
+    before the test's other function-scoped fixtures, switched back after)."""
+    if getattr(request, "param", None) != "forced-avx2":
+        yield None
+        return
+    with _forced_avx2():
+        yield "avx2"
+
+
+@contextlib.contextmanager
+def _forced_avx2():
+    from specdec.models import w4a8
+    from specdec.native import ops
+
+    loaded = [m for m, runs in ((w4a8, w4a8.load() is not None), (ops, ops.available())) if runs]
+    if not loaded:
+        reasons = dict.fromkeys(r for r in (w4a8.unavailable_reason(), ops.unavailable_reason()) if r)
+        pytest.skip(f"the native code cannot run here: {'; '.join(reasons)}")
+    if all(m.isa() == "avx2" for m in loaded):
+        pytest.skip("this process runs the native code on AVX2 already (an AVX2-only CPU, or SPECDEC_NATIVE_ISA=avx2): "
+                    "its [default-isa] run is the AVX2 run")
+    with contextlib.ExitStack() as paths:
+        for module in loaded:
+            paths.enter_context(module.use_isa("avx2"))
+        yield
 
 
 @pytest.fixture(autouse=True)

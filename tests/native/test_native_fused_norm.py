@@ -130,7 +130,9 @@ def test_every_path_gives_the_fused_norm_the_same_bits():
                 r = residual.clone()
                 rows = w4a8.add_rms_norm_int8(x if add else None, r, weight, 1e-6)
                 results[path, add] = (r, rows.codes, rows.scales, rows.sums, rows.code_sums)
+    def bits(t: torch.Tensor) -> torch.Tensor:
+        return t if t.dtype == torch.int8 else t.view(torch.int32)
+
     for (path, add), got in results.items():
         for name, a, b in zip(("residual", "codes", "scales", "sums", "code sums"), got, results[paths[0], add]):
-            assert torch.equal(a.view(torch.int8 if a.dtype == torch.int8 else torch.int32),
-                               b.view(torch.int8 if b.dtype == torch.int8 else torch.int32)), (path, paths[0], add, name)
+            assert torch.equal(bits(a), bits(b)), (path, paths[0], add, name)
