@@ -111,8 +111,9 @@ def find_ninja() -> bool:
 
 def why_not_buildable() -> str:
     """Why no extension can be built here (no compiler, no ninja), or ''."""
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
-        return "no C++ compiler (c++)"
+    compiler = os.environ.get("CXX") or "c++"  # what torch's builder runs
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler})"
     if not find_ninja():
         return "no ninja (pip install ninja)"
     return ""
