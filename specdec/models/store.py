@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specdec.errors import SpecdecError
+from specdec.file_lock import turn
 from specdec.models.catalog import KNOWN_MODELS
 from specdec.paths import models_dir
 
@@ -69,6 +70,13 @@ def _is_model_dir(path: Path) -> bool:
 def convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
     """Dequantize a GGUF with transformers and save bf16 safetensors + tokenizer, atomically (progress to
     conversion_progress's reporter, if any)."""
+    with turn(out_dir):  # one conversion at a time (they shared the .partial folder): the second finds the first's
+        if _is_model_dir(out_dir):
+            return out_dir
+        return _convert_gguf(gguf, out_dir, provenance)
+
+
+def _convert_gguf(gguf: Path, out_dir: Path, provenance: dict[str, Any]) -> Path:
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.file_lock import turn
 from specdec.models import w4a8
 from specdec.models.checksum import state_checksum
 from specdec.models.file_digest import content_digest
@@ -59,22 +60,44 @@ def read_qwen2_cached(gguf: Path | str, int4: bool = False) -> Qwen2Weights:
     except OSError as exc:
         log.warning("specdec: cannot use the native weights cache folder (%s); converting the GGUF", _first_line(exc))
         return read_qwen2(gguf, int4=int4)
-    if path.is_file():
+    seen = _stamp(path)
+    weights = _stored(path, key, gguf, say=True)
+    if weights is not None:
+        return weights
+    with turn(path):  # one conversion at a time: a process that waited here maps the file the other one wrote
+        if _stamp(path) != seen:
+            weights = _stored(path, key, gguf, say=False)
+            if weights is not None:
+                return weights
+        weights = read_qwen2(gguf, int4=int4)
         try:
-            weights = load(path, key, gguf)
-        except Exception as exc:  # noqa: BLE001 - anything at all: a cache must never fail a load
-            warnings.warn(f"specdec: native weights cache {path} is unreadable ({type(exc).__name__}: "
-                          f"{_first_line(exc)}); rebuilding it", RuntimeWarning, stacklevel=2)
-            weights = None
-        if weights is not None:
-            return weights
-    weights = read_qwen2(gguf, int4=int4)
-    try:
-        save(weights, path, key)
-    except Exception as exc:  # noqa: BLE001 - a full disk, a read-only folder...
-        log.warning("specdec: cannot write the native weights cache %s (%s); the next start converts again", path,
-                    _first_line(exc))
+            save(weights, path, key)
+        except Exception as exc:  # noqa: BLE001 - a full disk, a read-only folder...
+            log.warning("specdec: cannot write the native weights cache %s (%s); the next start converts again", path,
+                        _first_line(exc))
     return weights
+
+
+def _stored(path: Path, key: str, gguf: Path, say: bool) -> Qwen2Weights | None:
+    """The file's weights; None where there is no file, it is stale, or it does not read back (a warning, if say)."""
+    if not path.is_file():
+        return None
+    try:
+        return load(path, key, gguf)
+    except Exception as exc:  # noqa: BLE001 - anything at all: a cache must never fail a load
+        if say:
+            warnings.warn(f"specdec: native weights cache {path} is unreadable ({type(exc).__name__}: "
+                          f"{_first_line(exc)}); rebuilding it", RuntimeWarning, stacklevel=3)
+        return None
+
+
+def _stamp(path: Path) -> tuple | None:
+    """Which file is at path (None: none), to tell whether another process replaced it meanwhile."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def holds(gguf: Path | str, int4: bool | None = None) -> bool:
