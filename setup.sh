@@ -2,7 +2,8 @@
 # Create .venv with everything specdec needs (CPU torch from the pinned local wheel).
 #   ./setup.sh          runtime
 #   ./setup.sh --test   runtime + test tools, and (where npm is available) the VS Code extension's build and the
-#                       real-editor test's tools: code-server, node 24, Debian chromium
+#                       real-editor test's tools: code-server, node 24, Debian chromium (in the tests' own cache,
+#                       ~/.cache/specdec-tests/vscode-e2e: vscode-client/e2e/install-tools.sh; never ~/.cache/specdec)
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv

