@@ -121,3 +121,37 @@ def test_the_first_conversion_warns_nothing(tmp_path):
     # torch warns once per process, so say it without the warning too: the weight is memory of its own
     assert not np.may_share_memory(weight.numpy(), norm.data)
     weight += 1  # writable
+
+
+def test_the_server_says_a_malformed_gguf_in_one_line_and_stays_up(tmp_path):
+    """The server's backend: a load that fails is a state with its one-line reason (it was 'ZeroDivisionError: ...'
+    out of the check itself), and the next load of a good file works."""
+    import tiny
+    from lsp_server.settings import Settings
+
+    from specdec.backends.local import LocalBackend
+
+    path = tmp_path / "odd.gguf"
+    write_qwen2_gguf(hf_model(layers=1), path, tokenizer=tiny.tokenizer(),
+                     extra=lambda w: w.add_uint32("qwen2.attention.head_count", 0))
+    settings = Settings().update({"target": str(path), "draft": "", "strategy": "lookup", "forward": "native",
+                                  "adapters": False})
+    backend = LocalBackend()
+    try:
+        backend.load(settings)
+        assert backend.state == "failed" and "\n" not in backend.error
+        assert "odd.gguf" in backend.error and "qwen2.attention.head_count is 0" in backend.error, backend.error
+        if native_runs():
+            good = tmp_path / "good.gguf"
+            write_qwen2_gguf(hf_model(layers=1), good, tokenizer=tiny.tokenizer())
+            backend.load(settings.update({"target": str(good)}))
+            assert backend.ready, backend.error
+    finally:
+        backend.executor.shutdown()
+
+
+def native_runs() -> bool:
+    from specdec.models import w4a8
+    from specdec.native.layers import ops_available
+
+    return w4a8.load() is not None and ops_available()
