@@ -14,6 +14,10 @@ DRAFT_MODEL_STRATEGIES = ("draft", "auto", "tree")  # the strategies that load a
 REPO_INDEX_STRATEGIES = ("repo", "auto", "tree")  # the strategies that use a repository index when one is given
 COST_CURVE_STRATEGIES = ("tree", "auto")  # the strategies that plan with the target's measured cost curve
 TREE_POINTS = (1, 2, 4, 8, 12, 16, 24, 33)  # pass sizes the cost curve is measured at: up to MAX_DRAFT + 1
+# `specdec next-edit`'s: `edit` is the current window copied at the aligned position (drafters/edit_window.py) in
+# front of the draft model (prompt lookup without one); there `auto` puts the window copy in front of its members
+NEXT_EDIT_STRATEGIES = STRATEGIES + ("edit",)
+EDIT_WINDOW_STRATEGIES = ("edit", "auto")  # the next-edit strategies with the window copy first
 
 
 def needs_cost_curve(strategy: str, draft_model: bool = True) -> bool:
@@ -44,6 +48,14 @@ def target_cost_curve(target_kv, key: str | None = None, path=None):
 def needs_draft_model(strategy: str) -> bool:
     """Whether a strategy uses the draft model: the one rule loaders follow before loading one."""
     return strategy in DRAFT_MODEL_STRATEGIES
+
+
+def next_edit_base(strategy: str, draft_model: bool = True) -> str:
+    """The strategy whose drafter a next-edit session builds (make_session) before `with_edit_window` puts the
+    window copy in front of it (EDIT_WINDOW_STRATEGIES): `edit`'s is the draft model's, or prompt lookup's."""
+    if strategy == "edit":
+        return "draft" if draft_model else "lookup"
+    return strategy
 
 
 def uses_repo_index(strategy: str) -> bool:

@@ -32,7 +32,7 @@ NEXT_KINDS = (BONUS, CORRECTION, PLAIN)
 
 # drafter names -> what produced the token, as the trace's readers show it
 SOURCE_KINDS = {"draft": "draft", "draft-tree": "draft", "lookup": "lookup", "lookup-tree": "lookup",
-                "repo": "index"}
+                "repo": "index", "edit": "lookup"}  # edit: the next-edit window copied (edit_window.py)
 
 
 def source_kind(source: str) -> str:
