@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from specdec.backends.base import CompletionRequest
 from specdec.errors import SpecdecError
 
 
@@ -43,8 +44,7 @@ def label(backend) -> str:
 def run_engine(backend, hole, args, row: dict, tokenizer) -> list[int]:
     """One hole through the engine; fills the row; the text's token ids (for the comparison with plain)."""
     def request(prefix: str, max_new: int):
-        return SimpleNamespace(prefix=prefix, suffix=hole.suffix, path="", workspace="", language=hole.language,
-                               max_new_tokens=max_new, temperature=0.0, top_p=1.0, seed=None)
+        return CompletionRequest(prefix, hole.suffix, language=hole.language, max_new_tokens=max_new)
 
     if not args.cold:
         backend.complete(request(hole.prefix[:-1], 1))

@@ -121,4 +121,5 @@ def backend_request(request: CompletionRequest, settings: Settings) -> backends.
     """An editor's request under the server's settings, as a backend takes it."""
     return backends.CompletionRequest(request.prefix, request.suffix, request.path, request.context, request.language,
                                       request.workspace, request.document, settings.max_new_tokens,
-                                      settings.temperature, 0, settings.top_p, None, settings.max_draft)
+                                      settings.temperature, 0, settings.top_p, None, settings.max_draft,
+                                      chunks=list(request.chunks))

@@ -112,8 +112,10 @@ class RemoteHost(Reconfigurable):
         """Pool thread: one completion, stopped and trimmed by the same syntax rules as a local one."""
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)
-        result = self.backend.complete(replace_settings(request, settings), syntax.stop_predicate(ctx), cancel,
-                                       self.chunks(request))
+        from lsp_server.hosts import backend_request
+
+        asked = replace(backend_request(request, settings), chunks=self.chunks(request))
+        result = self.backend.complete(asked, syntax.stop_predicate(ctx), cancel)
         self.adapter = result.stats.get("adapter", "")
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
@@ -124,11 +126,11 @@ class RemoteHost(Reconfigurable):
         if completer is not None and index is not None:
             from specdec.repository.context import best_chunks
 
-            found = best_chunks(index, completer.session.tokenizer, request.prefix,
-                                getattr(request, "document", "") or None, request.workspace)
+            found = best_chunks(index, completer.session.tokenizer, request.prefix, request.document or None,
+                                request.workspace)
             if found:
                 return found
-        return list(getattr(request, "chunks", None) or [])[::-1]
+        return list(request.chunks)[::-1]
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -151,17 +153,3 @@ def repo_key_of(workspace: str) -> str:
 
     return repo_identity(Path(workspace))[0]
 
-
-class _Request:
-    """An editor's request with the generation settings the backend reads."""
-
-    def __init__(self, request, settings):
-        self.prefix, self.suffix, self.path = request.prefix, request.suffix, request.path
-        self.workspace, self.language = request.workspace, request.language
-        self.max_new_tokens, self.temperature, self.top_p = settings.max_new_tokens, settings.temperature, \
-            settings.top_p
-        self.seed = None
-
-
-def replace_settings(request, settings) -> _Request:
-    return _Request(request, settings)

@@ -49,6 +49,7 @@ class CompletionRequest:
     received: float = field(default_factory=time.perf_counter)
     adapter: str = ""  # name@version of the workspace's draft adapter, "" for the base draft
     document: str = ""  # the document's key in the repository index: not drafted from while it is completed
+    chunks: list[dict] = field(default_factory=list)  # a remote engine's context: other open files' heads
 
 
 @dataclass

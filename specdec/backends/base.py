@@ -44,6 +44,9 @@ class CompletionRequest:
     seed: int | None = None
     max_draft: int = 8
     trace: bool = False  # record the target's p and the draft's q of every drafted token in the pass trace
+    # repository context for an engine that takes it apart from the prompt ([{filename, text}], best first: a remote
+    # engine's input_extra or file-separated prompt); the local engine reads `context` and its index instead
+    chunks: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,6 +63,11 @@ class CompletionRequest:
         missing = [key for key in ("prefix", "suffix") if not isinstance(data.get(key), str)]
         if missing:
             raise SpecdecError(f"a completion request needs {' and '.join(missing)} as text")
+        chunks = data.get("chunks", [])
+        if not isinstance(chunks, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("filename"), str) and isinstance(c.get("text"), str)
+                for c in chunks):
+            raise SpecdecError('a completion request\'s chunks are a list of {"filename": TEXT, "text": TEXT}')
         return cls(**data)
 
 
@@ -68,10 +76,10 @@ class CompletionResult:
     """What a backend returns: the text as generated (not yet trimmed by the server), and how it went."""
 
     text: str
-    stop_reason: str  # "eos" | "max_tokens" | "stop" | "cancelled"
+    stop_reason: str  # "eos" | "max_tokens" | "stop" | "cancelled" | "error" (a remote engine that failed)
     stats: dict = field(default_factory=dict)  # the engine's GenerationStats.as_dict(), or a remote engine's
     tokens: list[int] = field(default_factory=list)  # the generated token ids (online adaptation learns from them)
-    trace: object = None  # the engine's per-pass trace, when it keeps one
+    trace: object = None  # the engine's per-pass trace (engine/trace.py), a remote engine's counts, or None
 
     def to_dict(self) -> dict:
         trace = self.trace

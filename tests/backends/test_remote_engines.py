@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import pytest
 
 from lsp_server.settings import Settings
-from specdec.backends import make_backend
+from specdec.backends import CompletionRequest, make_backend
 from specdec.backends.remote.backend import RemoteBackend
 from specdec.backends.remote.engines import Sglang, Speculation, Vllm
 from specdec.backends.remote.health import Health
@@ -21,17 +20,10 @@ KEY = "sk-team-secret-4242"
 PIECES = ["    return", " a", " +", " b", "\n"]
 
 
-@dataclass
-class Request:
-    prefix: str = "def add(a, b):\n"
-    suffix: str = "\n\nprint(add(1, 2))\n"
-    path: str = "src/calc.py"
-    language: str = "python"
-    workspace: str = ""
-    max_new_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
+def Request(prefix: str = "def add(a, b):\n", suffix: str = "\n\nprint(add(1, 2))\n", path: str = "src/calc.py",
+            max_new_tokens: int = 16, **fields) -> CompletionRequest:
+    """The request the server sends a remote engine (its settings applied): the backends' one request type."""
+    return CompletionRequest(prefix, suffix, path, language="python", max_new_tokens=max_new_tokens, **fields)
 
 
 class Token:
@@ -57,7 +49,7 @@ def test_llama_server_infill_request_and_speculation(monkeypatch, whole):
     with FakeEngine("llama-server", PIECES, whole=whole) as engine:
         backend = backend_for(engine, monkeypatch)
         chunks = [{"filename": "src/util.py", "text": "def sub(a, b):\n    return a - b\n"}]
-        result = backend.complete(Request(prefix="def add(a, b):\n    ", suffix=""), chunks=chunks)
+        result = backend.complete(Request(prefix="def add(a, b):\n    ", suffix="", chunks=chunks))
         post = engine.wait_post()
     assert post["path"] == "/infill"
     assert post["headers"]["Authorization"] == f"Bearer {KEY}"
@@ -86,7 +78,7 @@ def test_vllm_completions_request_raw_fim_prompt(monkeypatch):
     with FakeEngine("vllm", PIECES) as engine:
         backend = backend_for(engine, monkeypatch)
         chunks = [{"filename": "src/util.py", "text": "def sub(a, b):\n    return a - b"}]
-        result = backend.complete(Request(workspace="/home/me/calc"), chunks=chunks)
+        result = backend.complete(Request(workspace="/home/me/calc", chunks=chunks))
         post = engine.wait_post()
     assert post["path"] == "/v1/completions"
     assert post["headers"]["Authorization"] == f"Bearer {KEY}"

@@ -83,7 +83,7 @@ def test_request_bodies_carry_the_chunks_within_the_budget_in_the_targets_tokens
         backend = make_backend(kind, engine.url)
         backend.load(Settings().update({"engine": kind, "engineUrl": engine.url, "target": str(target),
                                         "maxSnippetTokens": budget}))
-        backend.complete(Request(workspace="/home/me/calc"), chunks=CHUNKS)
+        backend.complete(Request(workspace="/home/me/calc", chunks=CHUNKS))
         body = engine.wait_post()["body"]
     assert backend.token_counter().exact
     if kind == "llama-server":
@@ -108,7 +108,7 @@ def test_without_a_tokenizer_the_budget_is_estimated_and_said_once(tmp_path, mon
         backend.load(Settings().update({"engine": "llama-server", "engineUrl": engine.url, "target": nowhere,
                                         "maxSnippetTokens": budget}))
         for _ in range(2):
-            backend.complete(Request(), chunks=CHUNKS)
+            backend.complete(Request(chunks=CHUNKS))
             body = engine.wait_post()["body"]
     assert not backend.token_counter().exact
     assert body["input_extra"] == [CHUNKS[2], CHUNKS[0]]  # the same choice, at CHARS_PER_TOKEN

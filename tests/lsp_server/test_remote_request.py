@@ -60,4 +60,4 @@ def test_the_local_host_still_gets_its_snippets(server, monkeypatch):
     monkeypatch.setattr(cursor, "snippets", lambda *args: built.append(args) or "snippets")
     request = build_request(server, MAIN_URI, types.Position(3, 11), invoked=True)
     assert built == [(server, MAIN_URI, "python")] and request.context == "snippets"
-    assert not hasattr(request, "chunks")
+    assert request.chunks == []  # declared, and empty: the local prompt reads the snippets

@@ -16,10 +16,11 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from specdec.backends.base import CompletionRequest, CompletionResult
 from specdec.backends.remote import API_KEY_ENV, KINDS
 from specdec.backends.remote import prompt as fim_prompt
 from specdec.backends.remote.engines import ENGINES, NOT_REPORTED, EngineRequest, Reading, Speculation, Vllm
@@ -51,22 +52,6 @@ class EngineTrace:
         return {"engine": self.engine, "speculation": self.speculation, "drafted": self.drafted,
                 "accepted": self.accepted, "target_passes": self.target_passes, "new_tokens": self.new_tokens,
                 "text": self.text, "passes": []}
-
-
-@dataclass
-class RemoteResult:
-    """The backend interface's CompletionResult shape: text as generated (cut by the stop predicate), why it
-    stopped, the counters as a dict, token ids where the engine sent them, and the engine's counts as trace."""
-
-    text: str
-    stop_reason: str  # eos | max_tokens | stop | cancelled | error
-    stats: dict = field(default_factory=dict)
-    tokens: list[int] = field(default_factory=list)
-    trace: EngineTrace | None = None
-
-    def to_dict(self) -> dict:
-        return {"text": self.text, "stop_reason": self.stop_reason, "stats": dict(self.stats),
-                "tokens": list(self.tokens), "trace": self.trace.as_dict() if self.trace else None}
 
 
 def served_adapter_name(repo_key: str) -> str:
@@ -224,24 +209,23 @@ class RemoteBackend:
             return ""
         return name if name in self.adapters else ""
 
-    def engine_request(self, request, chunks: list[dict] | None = None) -> EngineRequest:
+    def engine_request(self, request: CompletionRequest) -> EngineRequest:
         s = self.settings
         template = self.template()
         counter = self.token_counter(wait=False)
         prefix, suffix = counter.window(request.prefix, request.suffix, s.max_prefix_tokens, s.max_suffix_tokens)
-        chunks = fim_prompt.chunks_within(list(chunks or []), s.max_snippet_tokens, counter)
-        workspace = getattr(request, "workspace", "") or ""
+        chunks = fim_prompt.chunks_within(list(request.chunks), s.max_snippet_tokens, counter)
+        workspace = request.workspace
         adapter = self.adapter_for(workspace)
-        text = fim_prompt.build(template, prefix, suffix, getattr(request, "path", "") or "", chunks,
+        text = fim_prompt.build(template, prefix, suffix, request.path, chunks,
                                 Path(workspace).name if workspace else "")
         return EngineRequest(prefix, suffix, text, chunks, list(template.stop_tokens), request.max_new_tokens,
-                             self.predict_ms, request.temperature, getattr(request, "top_p", 1.0),
-                             getattr(request, "seed", None), adapter or self.model, adapter,
-                             self.adapters.get(adapter) if adapter else None)
+                             self.predict_ms, request.temperature, request.top_p, request.seed, adapter or self.model,
+                             adapter, self.adapters.get(adapter) if adapter else None)
 
     # -- one completion -----------------------------------------------------------------------------------
-    def complete(self, request, stop=None, cancel=None, chunks: list[dict] | None = None) -> RemoteResult:
-        """Stream one completion. chunks: repository context [{filename, text}], best first; as many as fit
+    def complete(self, request: CompletionRequest, stop=None, cancel=None) -> CompletionResult:
+        """Stream one completion. request.chunks: repository context [{filename, text}], best first; as many as fit
         maxSnippetTokens (in the target's tokens) go to the engine, best last (prompt.chunks_within). Never
         raises: whatever goes wrong is an empty result and a health state with one line."""
         started = time.perf_counter()
@@ -250,15 +234,15 @@ class RemoteBackend:
         try:
             if not self._discovered and not self.discover():
                 return self._empty("error", started)
-            return self._stream(request, stop, cancel, chunks, started)
+            return self._stream(request, stop, cancel, started)
         except Exception as exc:  # noqa: BLE001 - an engine's reply we did not foresee: one line, never a raise
             reason = f"{self.endpoint.shown}{self.engine.path}: a reply not understood ({type(exc).__name__})"
             log.warning("%s: %s", self.kind, reason)
             self.health.failed("shape", reason)
             return self._empty("error", started)
 
-    def _stream(self, request, stop, cancel, chunks, started: float) -> RemoteResult:
-        req = self.engine_request(request, chunks)
+    def _stream(self, request: CompletionRequest, stop, cancel, started: float) -> CompletionResult:
+        req = self.engine_request(request)
         reading, pieces, reason = Reading(), 0, ""
         most_chars = req.max_tokens * MAX_TOKEN_CHARS
         try:
@@ -313,7 +297,7 @@ class RemoteBackend:
         self._counters = counters
         return counters
 
-    def _result(self, reading: Reading, reason: str, pieces: int, started: float, adapter: str = "") -> RemoteResult:
+    def _result(self, reading: Reading, reason: str, pieces: int, started: float, adapter: str = "") -> CompletionResult:
         spec = self._speculation(reading) if reason != "cancelled" else Speculation()
         self.speculation_source = spec.source
         finished = reason not in ("stop", "cancelled") and reading.completion_tokens is not None
@@ -321,10 +305,10 @@ class RemoteBackend:
         stats = {"engine": self.kind, "adapter": adapter, "new_tokens": tokens, "produced": tokens,
                  "seconds": time.perf_counter() - started, "prefill_seconds": 0.0, **spec.as_stats()}
         trace = EngineTrace(self.kind, spec.source, spec.drafted, spec.accepted, spec.passes, tokens, reading.text)
-        return RemoteResult(reading.text, reason, stats, list(reading.tokens), trace)
+        return CompletionResult(reading.text, reason, stats, list(reading.tokens), trace)
 
-    def _empty(self, reason: str, started: float) -> RemoteResult:
-        return RemoteResult("", reason, {"engine": self.kind, "new_tokens": 0, "produced": 0,
+    def _empty(self, reason: str, started: float) -> CompletionResult:
+        return CompletionResult("", reason, {"engine": self.kind, "new_tokens": 0, "produced": 0,
                                          "seconds": time.perf_counter() - started, "prefill_seconds": 0.0,
                                          "speculation": NOT_REPORTED, "drafted": None, "accepted": None,
                                          "target_passes": None, "engine_state": self.health.state})
