@@ -1,6 +1,6 @@
 """`specdec` console script: one entry point, one subcommand per job, each registered by its own wing.
 
-The core registers `models` and `complete`; packages that build on specdec (the server, fine-tuning,
+The core registers `models`, `complete` and `next-edit`; packages that build on specdec (the server, fine-tuning,
 adapters, the benchmarks) add theirs through the `specdec.commands` entry points. Heavy imports
 (torch, transformers) happen inside the subcommands that need them, so `specdec --help` and the
 LSP server's `initialize` stay fast.
@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 from specdec.errors import SpecdecError
 from specdec.models import commands as models
 from specdec.prompts import commands as complete
+from specdec.prompts import next_edit_commands as next_edit
 
 PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcommands
 
@@ -22,7 +23,7 @@ PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcomm
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for register in (models.register, complete.register):
+    for register in (models.register, complete.register, next_edit.register):
         register(sub)
     for plugin in entry_points(group=PLUGIN_GROUP):  # serve, stats, finetune, adapters, bench
         plugin.load()(sub)

@@ -16,7 +16,7 @@ COST_CURVE_STRATEGIES = ("tree", "auto")  # the strategies that plan with the ta
 TREE_POINTS = (1, 2, 4, 8, 12, 16, 24, 33)  # pass sizes the cost curve is measured at: up to MAX_DRAFT + 1
 # `specdec next-edit`'s: `edit` is the current window copied at the aligned position (drafters/edit_window.py) in
 # front of the draft model (prompt lookup without one); there `auto` puts the window copy in front of its members
-NEXT_EDIT_STRATEGIES = STRATEGIES + ("edit",)
+NEXT_EDIT_STRATEGIES = tuple(s for s in STRATEGIES if s != "repo") + ("edit",)  # no repository index there yet
 EDIT_WINDOW_STRATEGIES = ("edit", "auto")  # the next-edit strategies with the window copy first
 
 

@@ -89,19 +89,23 @@ def cmd_complete(args) -> int:
     result = completer.complete(prefix, suffix, GenerationConfig(args.max_new_tokens, sampling, args.max_draft,
                                                                  trace=bool(tracing)), path=args.file)
     if args.json:
-        s = result.stats
-        stats = {"target_passes": s.target_passes, "drafted": s.drafted, "accepted": s.accepted,
-                 "acceptance_rate": round(s.acceptance_rate, 4), "tokens_per_pass": round(s.tokens_per_pass, 4),
-                 "new_tokens": s.new_tokens, "seconds": round(s.seconds, 4), "strategy": s.strategy,
-                 "stop_reason": result.stop_reason, "prefill_computed": s.prefill_computed,
-                 "prefill_reused": s.prefill_reused, "prefill_seconds": round(s.prefill_seconds, 4),
-                 "draft_seconds": round(s.draft_seconds, 4), "verify_seconds": round(s.verify_seconds, 4)}
-        print(json.dumps({"text": result.text, "stats": stats}))
+        print(json.dumps({"text": result.text, "stats": stats_json(result)}))
     else:
         sys.stdout.write(result.text + ("\n" if not result.text.endswith("\n") else ""))
     if tracing:
         write_trace(args, result.trace, completer.session.tokenizer)
     return 0
+
+
+def stats_json(result) -> dict:
+    """`--json`'s stats of a local generation (specdec complete's, specdec next-edit's)."""
+    s = result.stats
+    return {"target_passes": s.target_passes, "drafted": s.drafted, "accepted": s.accepted,
+            "acceptance_rate": round(s.acceptance_rate, 4), "tokens_per_pass": round(s.tokens_per_pass, 4),
+            "new_tokens": s.new_tokens, "seconds": round(s.seconds, 4), "strategy": s.strategy,
+            "stop_reason": result.stop_reason, "prefill_computed": s.prefill_computed,
+            "prefill_reused": s.prefill_reused, "prefill_seconds": round(s.prefill_seconds, 4),
+            "draft_seconds": round(s.draft_seconds, 4), "verify_seconds": round(s.verify_seconds, 4)}
 
 
 def complete_remotely(args, engine: str, prefix: str, suffix: str) -> int:
