@@ -26,7 +26,7 @@ from pathlib import Path
 
 from lsp_server import syntax
 from lsp_server.hosts import ModelHost
-from lsp_server.service import CompletionRequest
+from lsp_server.service import EditorRequest
 from lsp_server.settings import Settings, SettingsError
 from specdec_bench import humaneval, llama
 from specdec_bench.sandbox import run_program
@@ -42,7 +42,7 @@ def complete(host: ModelHost, task: humaneval.InfillTask, settings: Settings) ->
     """The server's answer for a cursor at the hole: (the item's insert text, the CompletionResult)."""
     from specdec.engine.session import CancelToken
 
-    request = CompletionRequest(f"file:///humaneval/{DOCUMENT}", "python", "", task.prefix, task.suffix,
+    request = EditorRequest.at(f"file:///humaneval/{DOCUMENT}", "python", "", task.prefix, task.suffix,
                                 invoked=True, path=DOCUMENT)
     ctx = syntax.analyze("python", task.prefix, task.suffix)
     # on the model worker, as the server runs it: queued behind any settings swap

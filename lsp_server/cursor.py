@@ -1,5 +1,5 @@
 """What an editor's request at a cursor becomes: the document's text around the cursor, bounded, and the context
-of other open files, as a CompletionRequest the scheduler (service.py) takes."""
+of other open files, as an EditorRequest the scheduler (service.py) takes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from lsprotocol import types
 
 from lsp_server import syntax
 from lsp_server.documents import ChunkedText, text_of
-from lsp_server.service import CompletionRequest
+from lsp_server.service import EditorRequest
 
 log = logging.getLogger("specdec.server")
 BINARY_SNIFF = 8192
@@ -51,7 +51,7 @@ def open_document(server, uri: str):
     return documents.get(uri) or documents.get(unquote(uri))
 
 
-def build_request(server, uri: str, position: types.Position, invoked: bool) -> CompletionRequest | None:
+def build_request(server, uri: str, position: types.Position, invoked: bool) -> EditorRequest | None:
     document = open_document(server, uri)
     if document is None:
         log.info("no completion: %s is not open", uri)
@@ -65,17 +65,16 @@ def build_request(server, uri: str, position: types.Position, invoked: bool) -> 
     language = syntax.detect_language(document.language_id, uri)
     workspace = workspace_for(server.workspace_roots, path)
     prefix, suffix = window(text, offset)
-    request = CompletionRequest(uri, language, workspace, prefix, suffix, invoked,
-                                path=str(Path(path).relative_to(workspace)) if workspace else Path(path).name)
+    fields = {"path": str(Path(path).relative_to(workspace)) if workspace else Path(path).name}
     if getattr(server.host, "remote", False):  # the engine gets other files as chunks (input_extra, <|file_sep|>);
-        request.chunks = chunks(server, uri, language)  # the local prompt's snippets would go unread
+        fields["chunks"] = chunks(server, uri, language)  # the local prompt's snippets would go unread
     else:
-        request.context = snippets(server, uri, language)
+        fields["context"] = snippets(server, uri, language)
     if server.indexing.indexer is not None:
         from specdec.repository.build import document_key
 
-        request.document = document_key(path)
-    return request
+        fields["document"] = document_key(path)
+    return EditorRequest.at(uri, language, workspace, prefix, suffix, invoked, **fields)
 
 
 def others(server, uri: str, language: str):

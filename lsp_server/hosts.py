@@ -23,7 +23,7 @@ from specdec.backends.local import LocalBackend
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:
-    from lsp_server.service import CompletionRequest
+    from lsp_server.service import EditorRequest
 
 log = logging.getLogger("specdec.server")
 
@@ -108,7 +108,7 @@ class ModelHost(LocalBackend):
 
         return Registry().path(meta)
 
-    def generate(self, request: CompletionRequest, ctx: syntax.CursorContext, settings: Settings, cancel):
+    def generate(self, request: EditorRequest, ctx: syntax.CursorContext, settings: Settings, cancel):
         """Worker thread: one completion, stopped and trimmed by the syntax rules. Returns (text, CompletionResult)."""
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
@@ -117,9 +117,7 @@ class ModelHost(LocalBackend):
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
 
-def backend_request(request: CompletionRequest, settings: Settings) -> backends.CompletionRequest:
-    """An editor's request under the server's settings, as a backend takes it."""
-    return backends.CompletionRequest(request.prefix, request.suffix, request.path, request.context, request.language,
-                                      request.workspace, request.document, settings.max_new_tokens,
-                                      settings.temperature, 0, settings.top_p, None, settings.max_draft,
-                                      chunks=list(request.chunks))
+def backend_request(request: EditorRequest, settings: Settings) -> backends.CompletionRequest:
+    """An editor's completion under the server's settings (the one rule of which settings a request carries)."""
+    return replace(request.completion, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                   top_k=0, top_p=settings.top_p, seed=None, max_draft=settings.max_draft)

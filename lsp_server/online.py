@@ -49,9 +49,9 @@ def in_workspace(request) -> bool:
 
     parsed = urlparse(request.uri)
     path = unquote(parsed.path) if parsed.scheme in ("file", "") else ""
-    if not request.workspace or not path or "\0" in path or "\0" in request.workspace:
+    if not request.completion.workspace or not path or "\0" in path or "\0" in request.completion.workspace:
         return False
-    return within(os.path.realpath(request.workspace), os.path.realpath(path))
+    return within(os.path.realpath(request.completion.workspace), os.path.realpath(path))
 PREFIX_CHARS, SUFFIX_CHARS = 4096, 1024  # of a completion's context: more than the trainer's prompt budget uses
 MAX_HISTORY = 20  # this session's refresh outcomes (the metrics file keeps every one)
 
@@ -112,9 +112,10 @@ class OnlineAdaptation:
             self._timer.cancel()
             self._timer = None
         self._suspend()
-        if self.enabled and request.workspace and request.uri and in_workspace(request):
-            docs = self.edited.setdefault(request.workspace, OrderedDict())
-            docs[request.uri] = (request.path, request.language, request.prefix + request.suffix)
+        if self.enabled and request.completion.workspace and request.uri and in_workspace(request):
+            docs = self.edited.setdefault(request.completion.workspace, OrderedDict())
+            c = request.completion
+            docs[request.uri] = (c.path, c.language, c.prefix + c.suffix)
             docs.move_to_end(request.uri)
             while len(docs) > MAX_EDITED:
                 docs.popitem(last=False)
@@ -126,13 +127,13 @@ class OnlineAdaptation:
 
     def served(self, suggestion, request, generation=None) -> None:
         """A suggestion was shown: keep what it would teach, until it is accepted or pushed out."""
-        if not self.enabled or not request.workspace or not in_workspace(request):
+        if not self.enabled or not request.completion.workspace or not in_workspace(request):
             return
         if generation is not None and generation.tokens:
-            sample = AcceptedSample(request.path, request.language, request.prefix[-PREFIX_CHARS:],
-                                    request.suffix[:SUFFIX_CHARS], [int(t) for t in generation.tokens],
-                                    suggestion.text)
-            self.latest[request.uri] = (request.workspace, sample)
+            c = request.completion
+            sample = AcceptedSample(c.path, c.language, c.prefix[-PREFIX_CHARS:], c.suffix[:SUFFIX_CHARS],
+                                    [int(t) for t in generation.tokens], suggestion.text)
+            self.latest[request.uri] = (request.completion.workspace, sample)
             self.latest.move_to_end(request.uri)
             while len(self.latest) > MAX_PENDING:
                 self.latest.popitem(last=False)
@@ -140,7 +141,7 @@ class OnlineAdaptation:
             sample = self.latest[request.uri][1]  # the rest of the model's own completion, as typed ahead
         else:
             return  # a cache hit: its generation was another request's
-        self.pending[suggestion.id] = (request.workspace, sample)
+        self.pending[suggestion.id] = (request.completion.workspace, sample)
         while len(self.pending) > MAX_PENDING:
             self.pending.popitem(last=False)
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 from lsp_server import syntax
 from specdec.backends import make_backend
-from specdec.backends.base import Reconfigurable
+from specdec.backends.base import CompletionRequest, Reconfigurable
 
 
 class RemoteHost(Reconfigurable):
@@ -114,12 +114,13 @@ class RemoteHost(Reconfigurable):
             ctx = replace(ctx, multiline=False)
         from lsp_server.hosts import backend_request
 
-        asked = replace(backend_request(request, settings), chunks=self.chunks(request))
+        asked = backend_request(request, settings)
+        asked = replace(asked, chunks=self.chunks(asked))
         result = self.backend.complete(asked, syntax.stop_predicate(ctx), cancel)
         self.adapter = result.stats.get("adapter", "")
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
-    def chunks(self, request) -> list[dict]:
+    def chunks(self, request: CompletionRequest) -> list[dict]:
         """The repository context, best first: the index's chunks for the cursor, else the heads of other open
         files of the language (the server's `chunks`, most recently opened first)."""
         completer, index = self.completer, self.repo_index

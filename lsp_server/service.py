@@ -27,6 +27,7 @@ from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.online import OnlineAdaptation
 from lsp_server.settings import Settings
 from lsp_server.traces import TraceStore
+from specdec.backends.base import CompletionRequest
 
 log = logging.getLogger("specdec.server")
 
@@ -37,19 +38,21 @@ ACCEPTED_CONTEXT_CHARS = 1000  # text before a suggestion kept with it, for the 
 
 
 @dataclass
-class CompletionRequest:
+class EditorRequest:
+    """An editor's request: the completion it asks for (the backends' one CompletionRequest, from the cursor down to
+    the drafters) in the thin LSP envelope only the scheduler reads: the document, the trigger, the arrival."""
+
     uri: str
-    language: str
-    workspace: str
-    prefix: str
-    suffix: str
+    completion: CompletionRequest  # text around the cursor, path, context; the host adds the settings' fields
     invoked: bool = False  # explicitly asked for (not automatic on typing)
-    path: str = ""
-    context: str = ""  # snippets from other open files, already in the model's format
     received: float = field(default_factory=time.perf_counter)
     adapter: str = ""  # name@version of the workspace's draft adapter, "" for the base draft
-    document: str = ""  # the document's key in the repository index: not drafted from while it is completed
-    chunks: list[dict] = field(default_factory=list)  # a remote engine's context: other open files' heads
+
+    @classmethod
+    def at(cls, uri: str, language: str, workspace: str, prefix: str, suffix: str, invoked: bool = False,
+           **fields) -> "EditorRequest":
+        """The request at a cursor; fields: the CompletionRequest's others (path, context, document, chunks)."""
+        return cls(uri, CompletionRequest(prefix, suffix, language=language, workspace=workspace, **fields), invoked)
 
 
 @dataclass
@@ -99,10 +102,11 @@ class CompletionService:
         self._settings = new
         self.online.configure(new)
 
-    def _key(self, request: CompletionRequest) -> tuple:
+    def _key(self, request: EditorRequest) -> tuple:
         """Everything a suggestion depends on: the request, and every output-affecting setting (from the schema)."""
-        return (request.language, request.prefix[-4000:], request.suffix[:2000], request.context[-2000:],
-                request.adapter, self.settings.output_key())
+        c = request.completion
+        return (c.language, c.prefix[-4000:], c.suffix[:2000], c.context[-2000:], request.adapter,
+                self.settings.output_key())
 
     def forget(self, uri: str) -> None:
         """didClose: a closed document's text must not stay in memory (the cache holds only bounded windows)."""
@@ -114,23 +118,23 @@ class CompletionService:
         if token is not None:
             token.cancel()
 
-    def _typeahead(self, request: CompletionRequest) -> str | None:
+    def _typeahead(self, request: EditorRequest) -> str | None:
         last = self.last.get(request.uri)
         if not last:
             return None
         prefix, suffix, text, made_under = last
         if made_under != self.settings.output_key():  # a generation that finished after a settings change
             return None
-        if request.suffix != suffix or not request.prefix.startswith(prefix):
+        if request.completion.suffix != suffix or not request.completion.prefix.startswith(prefix):
             return None
-        typed = request.prefix[len(prefix) :]
+        typed = request.completion.prefix[len(prefix) :]
         if typed and text.startswith(typed) and len(typed) < len(text):
             return text[len(typed) :]
         return None
 
-    def _finish(self, request: CompletionRequest, text: str, source: str, generation=None) -> Suggestion | None:
-        latency_ms = (time.perf_counter() - request.received) * 1000
-        record = RequestRecord(time.time(), request.language, request.workspace, source, latency_ms,
+    def _finish(self, request: EditorRequest, text: str, source: str, generation=None) -> Suggestion | None:
+        latency_ms, c = (time.perf_counter() - request.received) * 1000, request.completion
+        record = RequestRecord(time.time(), c.language, c.workspace, source, latency_ms,
                                shown=bool(text), adapter=request.adapter)
         if generation is not None:  # a backend's CompletionResult: the engine's GenerationStats fields, or a remote
             s = generation.stats    # engine's counts (with "engine", "speculation" and its adapter)
@@ -145,8 +149,8 @@ class CompletionService:
         self.metrics.add(record)
         if not text:
             return None
-        suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, request.language, request.workspace,
-                                request.adapter, request.prefix[-ACCEPTED_CONTEXT_CHARS:], request.document)
+        suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, c.language, c.workspace, request.adapter,
+                                c.prefix[-ACCEPTED_CONTEXT_CHARS:], c.document)
         self.shown[suggestion.id] = suggestion
         self.online.served(suggestion, request, generation)
         while len(self.shown) > 256:
@@ -162,7 +166,7 @@ class CompletionService:
         self.online.accepted_suggestion(suggestion_id)
         return True
 
-    async def complete(self, request: CompletionRequest) -> Suggestion | None:
+    async def complete(self, request: EditorRequest) -> Suggestion | None:
         self.online.begin_request(request)  # an online refresh stops before any generation
         try:
             return await self._complete(request)
@@ -172,11 +176,11 @@ class CompletionService:
         finally:
             self.online.end_request()
 
-    async def _complete(self, request: CompletionRequest) -> Suggestion | None:
+    async def _complete(self, request: EditorRequest) -> Suggestion | None:
         settings = self.settings
-        if not settings.language_enabled(request.language):
+        if not settings.language_enabled(request.completion.language):
             return None
-        adapter = self.host.adapter_for(request.workspace)  # hits are attributed to it too, not to the last run's
+        adapter = self.host.adapter_for(request.completion.workspace)  # hits are attributed to it, not the last run's
         request.adapter = adapter.name if adapter else ""
         text = self._typeahead(request)
         if text is not None:
@@ -226,17 +230,18 @@ class CompletionService:
         self.cache[key] = text
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
-        self.last[request.uri] = (request.prefix, request.suffix, text, settings.output_key())
+        self.last[request.uri] = (request.completion.prefix, request.completion.suffix, text, settings.output_key())
         self.last.move_to_end(request.uri)
         while len(self.last) > MAX_DOCUMENTS:
             self.last.popitem(last=False)
         return self._finish(request, text, "model", result)
 
-    async def _analyze(self, request: CompletionRequest) -> syntax.CursorContext:
+    async def _analyze(self, request: EditorRequest) -> syntax.CursorContext:
         """tree-sitter parses up to 40,000 characters around the cursor (tens of ms in a big document), off the event
         loop: in one thread of its own, so requests are analysed, and go on, in the order they came."""
-        return await asyncio.get_running_loop().run_in_executor(self._syntax, syntax.analyze, request.language,
-                                                                request.prefix, request.suffix)
+        c = request.completion
+        return await asyncio.get_running_loop().run_in_executor(self._syntax, syntax.analyze, c.language, c.prefix,
+                                                                c.suffix)
 
     async def _generate(self, request, ctx, settings, number):
         from specdec.engine.session import CancelToken

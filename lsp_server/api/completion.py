@@ -19,8 +19,8 @@ async def handle(ls, params: types.CompletionParams):
     if suggestion is None:
         return types.CompletionList(is_incomplete=True, items=[])
     # clients filter by the word before the cursor, so the item replaces that word
-    word = len(request.prefix) - len(request.prefix.rstrip(WORD))
-    word_text = request.prefix[len(request.prefix) - word :]
+    word = len(request.completion.prefix) - len(request.completion.prefix.rstrip(WORD))
+    word_text = request.completion.prefix[len(request.completion.prefix) - word :]
     start = types.Position(params.position.line, max(0, params.position.character - len(word_text.encode(
         "utf-16-le")) // 2))
     new_text = word_text + suggestion.text

@@ -10,7 +10,7 @@ import tiny
 import torch
 from adapter_files import random_adapter
 from lsp_server.metrics import MetricsStore
-from lsp_server.service import CompletionRequest, CompletionService
+from lsp_server.service import CompletionService, EditorRequest
 from lsp_server.settings import Settings, SettingsError
 from repos import make_repo
 
@@ -173,7 +173,7 @@ async def test_a_refresh_runs_after_n_accepted_at_idle_and_is_stopped_while_a_co
 
     async def complete(i: int, accept: bool = True):
         prefix, suffix = hole(repo, i)
-        suggestion = await service.complete(CompletionRequest((repo / f"mod_{i}.py").as_uri(), "python", str(repo),
+        suggestion = await service.complete(EditorRequest.at((repo / f"mod_{i}.py").as_uri(), "python", str(repo),
                                                               prefix, suffix, True, path=f"mod_{i}.py"))
         assert suggestion is not None and suggestion.source == "model"
         if accept:
@@ -226,7 +226,7 @@ async def test_turning_it_off_stops_the_refresh_and_forgets_the_texts(models, tm
     repo = make_repo(tmp_path / "ws", files=3)
     for i in range(2):
         prefix, suffix = hole(repo, i)
-        suggestion = await service.complete(CompletionRequest((repo / f"mod_{i}.py").as_uri(), "python", str(repo),
+        suggestion = await service.complete(EditorRequest.at((repo / f"mod_{i}.py").as_uri(), "python", str(repo),
                                                               prefix, suffix, True, path=f"mod_{i}.py"))
         service.accept(suggestion.id)
     online = service.online

@@ -61,8 +61,8 @@ def complete_and_apply(source: str, line: int, col: int, script: str, eos: bool 
     server = server_with(source)
     position = types.Position(line, col)
     request = build_request(server, "file:///w/m.py", position, invoked=True)
-    ctx = __import__("lsp_server.syntax", fromlist=["analyze"]).analyze(request.language, request.prefix,
-                                                                       request.suffix)
+    c = request.completion
+    ctx = __import__("lsp_server.syntax", fromlist=["analyze"]).analyze(c.language, c.prefix, c.suffix)
     host = ModelHost()
     host.completer, host.state = ScriptedCompleter(script, eos), "ready"
     text, _ = host.generate(request, ctx, Settings().update(settings), CancelToken())

@@ -49,9 +49,9 @@ def test_a_remote_hosts_request_builds_no_local_snippets(server, remote_host, mo
     built = []
     monkeypatch.setattr(cursor, "snippets", lambda *args: built.append(args) or "snippets")
     request = build_request(server, MAIN_URI, types.Position(3, 11), invoked=True)
-    assert built == [] and request.context == ""
-    assert request.chunks == [{"filename": "util.py", "text": UTIL}]  # the engine's context: the other open file
-    assert (request.prefix, request.suffix) == (MAIN, "")
+    assert built == [] and request.completion.context == ""
+    assert request.completion.chunks == [{"filename": "util.py", "text": UTIL}]  # the engine's context: the other file
+    assert (request.completion.prefix, request.completion.suffix) == (MAIN, "")
 
 
 def test_the_local_host_still_gets_its_snippets(server, monkeypatch):
@@ -59,5 +59,5 @@ def test_the_local_host_still_gets_its_snippets(server, monkeypatch):
     built = []
     monkeypatch.setattr(cursor, "snippets", lambda *args: built.append(args) or "snippets")
     request = build_request(server, MAIN_URI, types.Position(3, 11), invoked=True)
-    assert built == [(server, MAIN_URI, "python")] and request.context == "snippets"
-    assert request.chunks == []  # declared, and empty: the local prompt reads the snippets
+    assert built == [(server, MAIN_URI, "python")] and request.completion.context == "snippets"
+    assert request.completion.chunks == []  # declared, and empty: the local prompt reads the snippets

@@ -10,7 +10,7 @@ from lsprotocol import types
 import lsp_client as lc
 import tiny
 from lsp_server.hosts import ModelHost
-from lsp_server.service import CompletionRequest
+from lsp_server.service import EditorRequest
 from lsp_server.settings import Settings, SettingsError
 from repos import make_repo
 from specdec.repository.build import document_key
@@ -162,7 +162,7 @@ def test_the_host_drafts_from_other_documents_only(model_dirs, strategy):
     host.load(settings)
     assert host.state == "ready", host.error
     prefix, suffix = "class Point:\n    def __init__(self, x, y):\n        self.", "\n"
-    request = CompletionRequest("file:///w/a.py", "python", "/w", prefix, suffix, invoked=True, path="a.py")
+    request = EditorRequest.at("file:///w/a.py", "python", "/w", prefix, suffix, invoked=True, path="a.py")
     ctx = syntax.analyze("python", prefix, suffix)
 
     def complete():
@@ -178,7 +178,7 @@ def test_the_host_drafts_from_other_documents_only(model_dirs, strategy):
     assert result.tokens == reference.tokens  # lossless
     assert result.stats["accepted_by"].get("repo", 0) >= 1
 
-    request.document = "/w/other.py"  # completing other.py itself: its own text is not drafted from
+    request.completion.document = "/w/other.py"  # completing other.py itself: its own text is not drafted from
     result = complete()
     assert result.tokens == reference.tokens and "repo" not in result.stats["drafted_by"]
     assert host.idle.is_set()  # background indexing may go on again

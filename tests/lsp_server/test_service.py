@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from lsp_server.metrics import MetricsStore
-from lsp_server.service import CompletionRequest, CompletionService
+from lsp_server.service import CompletionService, EditorRequest
 from lsp_server.settings import Settings, SettingsError
 from specdec.backends import CompletionResult
 from specdec.engine.session import GenerationStats
@@ -28,7 +28,7 @@ class FakeHost:
         return None
 
     def generate(self, request, ctx, settings, cancel):
-        self.calls.append(request.prefix)
+        self.calls.append(request.completion.prefix)
         if self.fail:
             raise RuntimeError("model exploded")
         out = ""
@@ -50,7 +50,7 @@ def service(tmp_path, host=None, **settings):
 
 
 def request(prefix="def add(a, b):\n    ", suffix="\n", uri="file:///w/a.py", invoked=False):
-    return CompletionRequest(uri, "python", "/w", prefix, suffix, invoked)
+    return EditorRequest.at(uri, "python", "/w", prefix, suffix, invoked)
 
 
 async def test_model_then_cache(tmp_path):
@@ -255,7 +255,7 @@ async def test_hits_are_attributed_to_their_own_workspaces_adapter(tmp_path):
     host.adapter_for = lambda workspace: SimpleNamespace(name="repo@v1") if workspace == "/w" else None
     svc = service(tmp_path, host)
     await svc.complete(request())  # model request in /w, adapter repo@v1
-    other = CompletionRequest("file:///x/b.py", "python", "/x", "def add(a, b):\n    ", "\n")
+    other = EditorRequest.at("file:///x/b.py", "python", "/x", "def add(a, b):\n    ", "\n")
     await svc.complete(other)  # same text in another workspace: no adapter, so no shared cache entry
     typed = await svc.complete(request(prefix="def add(a, b):\n    ret"))
     assert typed.source == "typeahead" and typed.adapter == "repo@v1"

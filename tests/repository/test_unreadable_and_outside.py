@@ -256,7 +256,7 @@ def test_the_finetune_never_reads_outside_the_workspace(tmp_path, tok):
 
 def test_the_indexer_and_online_adaptation_never_take_a_document_from_outside(tmp_path, tok):
     from lsp_server.online import in_workspace
-    from lsp_server.service import CompletionRequest
+    from lsp_server.service import EditorRequest
 
     w = outside_repro(tmp_path)
     linked = w / "sub" / "inner.py"
@@ -276,6 +276,6 @@ def test_the_indexer_and_online_adaptation_never_take_a_document_from_outside(tm
     finally:
         indexer.stop(timeout=10)
 
-    request = CompletionRequest(linked.as_uri(), "python", str(w), f"def {CANARY}(x):\n", "", path="sub/inner.py")
+    request = EditorRequest.at(linked.as_uri(), "python", str(w), f"def {CANARY}(x):\n", "", path="sub/inner.py")
     assert not in_workspace(request)
-    assert in_workspace(CompletionRequest((w / "main.py").as_uri(), "python", str(w), "", "", path="main.py"))
+    assert in_workspace(EditorRequest.at((w / "main.py").as_uri(), "python", str(w), "", "", path="main.py"))
