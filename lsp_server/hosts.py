@@ -51,7 +51,6 @@ class ModelHost(LocalBackend):
         super().__init__()
         self._warned: set[str] = set()  # broken registry entries already said (_warn_once)
         self._warned_lock = threading.Lock()
-        self.trace_probabilities = False  # record p and q in the pass traces: set once a client asks for traces
         self._adapter_lookup: dict[str, tuple[float, object]] = {}  # workspace -> (registry mtime, meta)
 
     def _published(self) -> None:
@@ -112,8 +111,7 @@ class ModelHost(LocalBackend):
         """Worker thread: one completion, stopped and trimmed by the syntax rules. Returns (text, CompletionResult)."""
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
-        asked = replace(backend_request(request, settings), trace=self.trace_probabilities)
-        result = self.complete(asked, syntax.stop_predicate(ctx), cancel)
+        result = self.complete(backend_request(request, settings), syntax.stop_predicate(ctx), cancel)
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
 

@@ -39,7 +39,6 @@ class RemoteHost(Reconfigurable):
         self.switchable = None  # online adaptation trains a local draft: not with a remote engine
         self.draft_hash = ""
         self.repo_index = None
-        self.trace_probabilities = False
         self.on_warning: Callable[[str], None] = lambda message: None
         self.idle = threading.Event()
         self.idle.set()  # the engine computes: the indexer never waits for a remote completion

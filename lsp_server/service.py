@@ -214,6 +214,7 @@ class CompletionService:
         outcome = asyncio.get_running_loop().create_future()
         self.inflight[key] = outcome
         generation = None
+        request.completion.trace = self.traces.asked  # p and q in the pass trace, once a client asked for traces
         try:
             generation = await self._generate(request, ctx, settings, number)
         finally:

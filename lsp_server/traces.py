@@ -21,6 +21,9 @@ class TraceStore:
     def __init__(self, per_document: int = PER_DOCUMENT, documents: int = MAX_DOCUMENTS):
         self.per_document, self.documents = per_document, documents
         self._by_uri: OrderedDict[str, deque] = OrderedDict()
+        # a client asked for traces: from then on every model request asks for p and q (CompletionRequest.trace);
+        # kept here, beside the traces, so it outlives any engine the server switches to
+        self.asked = False
 
     def add(self, uri: str, trace, decode, shown: str) -> None:
         """trace: the engine's Trace; decode: the tokenizer's; shown: the suggestion's text after the server's

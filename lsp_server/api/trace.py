@@ -16,5 +16,5 @@ def handle(ls, params=None):
         uri, limit = parse_params(params)
     except SpecdecError as exc:
         raise JsonRpcInvalidParams(str(exc)) from None
-    ls.host.trace_probabilities = True
+    ls.service.traces.asked = True
     return {"uri": uri, "traces": ls.service.traces.latest(uri, limit)}

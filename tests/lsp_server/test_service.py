@@ -22,13 +22,14 @@ class FakeHost:
         self.ready, self.state, self.error, self.adapter = True, "ready", "", ""
         self.executor = ThreadPoolExecutor(max_workers=1)
         self.text, self.step, self.fail = text, step, fail
-        self.calls, self.cancelled_at = [], []
+        self.calls, self.cancelled_at, self.traced = [], [], []
 
     def adapter_for(self, workspace):
         return None
 
     def generate(self, request, ctx, settings, cancel):
         self.calls.append(request.completion.prefix)
+        self.traced.append(request.completion.trace)
         if self.fail:
             raise RuntimeError("model exploded")
         out = ""
@@ -62,6 +63,19 @@ async def test_model_then_cache(tmp_path):
     assert again.source == "cache" and again.text == first.text
     assert time.perf_counter() - start < 0.01
     assert len(svc.host.calls) == 1
+
+
+async def test_p_and_q_are_asked_per_request_once_traces_were_asked_whatever_the_host(tmp_path):
+    """specdec/trace's ask is a field of every later request (CompletionRequest.trace), not a host's switch: a new
+    host (an engine switch) gets it too."""
+    svc = service(tmp_path)
+    await svc.complete(request())
+    svc.traces.asked = True  # what specdec/trace does
+    await svc.complete(request(prefix="x = 1\n"))
+    first, svc.host = svc.host, FakeHost()
+    svc.online.host = svc.host
+    await svc.complete(request(prefix="y = 2\n"))
+    assert first.traced == [False, True] and svc.host.traced == [True]
 
 
 async def test_typeahead_serves_the_rest_without_the_model(tmp_path):
