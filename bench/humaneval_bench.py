@@ -189,7 +189,7 @@ def llama_anchor(settings: Settings):
 
         if not tasks:
             return []
-        tokenizer = host.completer.session.tokenizer if host is not None else None
+        tokenizer = host.tokenizer() if host is not None else None
         rules = InfillRules.load(settings, tokenizer)
         print(f"{LLAMA_INFILL}: llama-server /infill on {gguf.name}, {settings.max_new_tokens} tokens at most, "
               f"prompt window {settings.max_prefix_tokens}/{settings.max_suffix_tokens} tokens", flush=True)

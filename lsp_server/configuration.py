@@ -108,8 +108,8 @@ class Configuration:
             return
         log.info(message)
         self.loading = None
-        if host.ready and host.completer is not None:  # the indexer waited for the tokenizer
-            server.indexing.set_tokenizer(host.completer.session.tokenizer)
+        if host.ready and host.tokenizer() is not None:  # the indexer waited for the tokenizer
+            server.indexing.set_tokenizer(host.tokenizer())
         if not host.ready:
             server.window_show_message(types.ShowMessageParams(types.MessageType.Error, f"specdec: {message}"))
             return

@@ -96,14 +96,13 @@ def chunks(server, uri: str, language: str) -> list[dict]:
 
 def snippets(server, uri: str, language: str) -> str:
     """Heads of other open files of the same language, in the family's repo-level format."""
-    completer = server.host.completer
-    if not (server.settings.snippets_from_open_files and completer and completer.template.file_header):
+    template = server.host.template()
+    if not (server.settings.snippets_from_open_files and template and template.file_header):
         return ""
     budget = server.settings.max_snippet_tokens * 3
     parts = []
     for other, doc in others(server, uri, language):
-        parts.append(completer.template.file_header.format(path=Path(uri_path(other)).name) + text_of(doc)[:budget]
-                     + "\n")
+        parts.append(template.file_header.format(path=Path(uri_path(other)).name) + text_of(doc)[:budget] + "\n")
         if len(parts) == 2:
             break
     return "".join(parts)

@@ -111,7 +111,8 @@ class ModelHost(LocalBackend):
         """Worker thread: one completion, stopped and trimmed by the syntax rules. Returns (text, CompletionResult)."""
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
-        result = self.complete(backend_request(request, settings), syntax.stop_predicate(ctx), cancel)
+        asked = self.repository_context(backend_request(request, settings))
+        result = self.complete(asked, syntax.stop_predicate(ctx), cancel)
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
 

@@ -33,8 +33,8 @@ class Indexing:
             self.indexer = WorkspaceIndexer(index, idle=host.idle)
             for root in server.workspace_roots:
                 self.indexer.open_root(root)
-            if host.ready:
-                self.indexer.set_tokenizer(host.completer.session.tokenizer)
+            if host.ready and host.tokenizer() is not None:
+                self.indexer.set_tokenizer(host.tokenizer())
         if settings.repo_index_max_tokens != index.max_tokens:
             self.indexer.set_max_tokens(settings.repo_index_max_tokens)
 

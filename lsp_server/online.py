@@ -9,7 +9,7 @@ has been idle that long again, so training never runs while a completion does. A
 lsp_server may not import specdec_finetune, and because a stopped process is paused at once, mid-step, where a
 thread could only stop between steps. A refresh the child keeps is the repository's newest registered adapter;
 the swap into the served draft is queued on the model worker at idle, so it happens after the running
-generation and before the next, with no reload (ModelHost._use_adapter, the path every request takes). Each
+generation and before the next, with no reload (LocalBackend.use_adapter, the path every request takes). Each
 refresh is a metrics record (kind "online": samples, steps, seconds, CPU seconds, acceptance before and after,
 kept).
 Nothing of this touches the disk but the adapter and the record: the texts travel over the child's stdin.
@@ -337,7 +337,7 @@ class OnlineAdaptation:
         host = self.host
         if host.switchable is None:
             return
-        host._use_adapter(workspace)  # the newest registered adapter; the draft's KV cache restarts
+        host.use_adapter(workspace)  # the newest registered adapter; the draft's KV cache restarts
         try:
             registry = Registry()
             key = repo_identity(Path(workspace))[0]

@@ -3,10 +3,10 @@ local engine, with the same face to the scheduler (service.py) and the server.
 
 Completions run on a small pool (the engine batches requests; a slow one must not hold the next), each
 streamed by specdec.backends.remote with the server's stop predicate after every piece and the same
-syntax.finalize as a local generation. The repository index runs here as for the local engine, in the target's
-tokens (its tokenizer built locally from `target`, specdec/backends/remote/tokens.py): its best chunks for the
-cursor (specdec/repository/context.py) are the engine's repository context, the heads of other open files where
-it has none (off, still building, or no tokenizer could be built). The engine's health (health.py) reaches the
+syntax.finalize as a local generation. The repository index is the backend's (RemoteBackend.index_for), in the
+target's tokens (its tokenizer built locally from `target`, specdec/backends/remote/tokens.py): its best chunks for
+the cursor are the engine's repository context (RemoteBackend.repository_context), the heads of other open files
+where it has none (off, still building, or no tokenizer could be built). The engine's health (health.py) reaches the
 editor as one `window/showMessage` per outage and as `engine` in `specdec/stats`, which the VS Code status bar shows.
 """
 
@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from types import SimpleNamespace
+from dataclasses import replace
 from typing import Callable
 
 from lsp_server import syntax
 from specdec.backends import make_backend
-from specdec.backends.base import CompletionRequest, Reconfigurable
+from specdec.backends.base import Reconfigurable
 
 
 class RemoteHost(Reconfigurable):
@@ -38,11 +37,9 @@ class RemoteHost(Reconfigurable):
         self.target_quant = ""
         self.switchable = None  # online adaptation trains a local draft: not with a remote engine
         self.draft_hash = ""
-        self.repo_index = None
         self.on_warning: Callable[[str], None] = lambda message: None
         self.idle = threading.Event()
         self.idle.set()  # the engine computes: the indexer never waits for a remote completion
-        self._index_lock = threading.Lock()
 
     # the state the server and the editor read
     @property
@@ -71,32 +68,28 @@ class RemoteHost(Reconfigurable):
             report(f"building {settings.target}'s tokenizer", 80)
             self.backend.token_counter()  # here, on the loading thread: the indexer and the budgets need it
 
+    def tokenizer(self):
+        return self.backend.tokenizer()
+
+    def template(self):
+        return self.backend.template()
+
     @property
-    def completer(self):
-        """What the server reads of the local engine's completer: the target's template and tokenizer (the
-        repository indexer is handed `completer.session.tokenizer`), None while there is no tokenizer."""
-        counter = self.backend._counter
-        if counter is None or not counter.exact:
-            return None
-        return TargetSide(self.backend.template(), SimpleNamespace(tokenizer=counter.tokenizer))
+    def repo_index(self):
+        return self.backend.repo_index
+
+    @repo_index.setter
+    def repo_index(self, index) -> None:
+        self.backend.repo_index = index
+
+    def index_for(self, settings):
+        return self.backend.index_for(settings)
 
     def reconfigure(self, settings):
         """Every setting but the engine's own applies at the next request (the backend reads them then)."""
         if self.backend.settings is None or settings.models_differ(self.backend.settings):
             return None
         return lambda: setattr(self.backend, "settings", settings)
-
-    def index_for(self, settings):
-        """The repository index (its chunks are the engine's context), or None: off, or no tokenizer for its ids."""
-        counter = self.backend._counter
-        if not settings.repo_index or (counter is not None and not counter.exact):
-            return None
-        with self._index_lock:
-            if self.repo_index is None:
-                from specdec.engine.drafters.repo_index import RepoIndex
-
-                self.repo_index = RepoIndex(settings.repo_index_max_tokens)
-            return self.repo_index
 
     def adapter_for(self, workspace: str):
         return None  # the served adapter is chosen per request by the backend (RemoteBackend.adapter_for)
@@ -113,36 +106,13 @@ class RemoteHost(Reconfigurable):
             ctx = replace(ctx, multiline=False)
         from lsp_server.hosts import backend_request
 
-        asked = backend_request(request, settings)
-        asked = replace(asked, chunks=self.chunks(asked))
+        asked = self.backend.repository_context(backend_request(request, settings))
         result = self.backend.complete(asked, syntax.stop_predicate(ctx), cancel)
         self.adapter = result.stats.get("adapter", "")
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
-    def chunks(self, request: CompletionRequest) -> list[dict]:
-        """The repository context, best first: the index's chunks for the cursor, else the heads of other open
-        files of the language (the server's `chunks`, most recently opened first)."""
-        completer, index = self.completer, self.repo_index
-        if completer is not None and index is not None:
-            from specdec.repository.context import best_chunks
-
-            found = best_chunks(index, completer.session.tokenizer, request.prefix, request.document or None,
-                                request.workspace)
-            if found:
-                return found
-        return list(request.chunks)[::-1]
-
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-@dataclass(frozen=True)
-class TargetSide:
-    """The target as known here for a remote engine: its FIM template and (as `session.tokenizer`, where the
-    server reads a local completer's) its tokenizer."""
-
-    template: object
-    session: object
 
 
 def repo_key_of(workspace: str) -> str:

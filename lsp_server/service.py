@@ -226,8 +226,8 @@ class CompletionService:
             return None
         text, result = generation
         if getattr(result, "trace", None) is not None:
-            completer = self.host.completer  # None for a remote engine, whose trace holds its counts only
-            self.traces.add(request.uri, result.trace, completer.session.tokenizer.decode if completer else None, text)
+            tokenizer = self.host.tokenizer()  # a remote engine's trace holds its counts only: no ids to decode
+            self.traces.add(request.uri, result.trace, tokenizer.decode if tokenizer is not None else None, text)
         self.cache[key] = text
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)

@@ -135,6 +135,19 @@ class Backend(Protocol):
 
     def stats(self) -> dict: ...
 
+    def tokenizer(self):
+        """The target's tokenizer (the repository index holds its ids), or None: not loaded, or none built."""
+
+    def template(self):
+        """The target's prompt format (specdec.prompts.fim.FimTemplate), or None before a load."""
+
+    def index_for(self, settings):
+        """The repository index this backend reads under these settings (made on first ask), or None."""
+
+    def repository_context(self, request: CompletionRequest) -> CompletionRequest:
+        """The request with the repository context this backend reads (a remote engine's chunks from the index);
+        as it is where the engine reads the index itself (the local drafters)."""
+
 
 def backend_class(kind: str):
     """The class registered for `kind` (imported on first use: a remote backend needs no torch)."""

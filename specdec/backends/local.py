@@ -206,6 +206,15 @@ class LocalBackend(Reconfigurable):
     def ready(self) -> bool:
         return self.state == "ready"
 
+    def tokenizer(self):
+        return self.completer.session.tokenizer if self.completer is not None else None
+
+    def template(self):
+        return self.completer.template if self.completer is not None else None
+
+    def repository_context(self, request: CompletionRequest) -> CompletionRequest:
+        return request  # the repo drafters read the index themselves
+
     def cost_curve(self) -> dict | None:
         """The verify cost curve the planner uses (source, ms per pass size, passes learnt from), or None where
         the strategy plans nothing."""
@@ -313,7 +322,7 @@ class LocalBackend(Reconfigurable):
         """Where `adapter_for`'s adapter is stored (a subclass that finds adapters says where)."""
         raise SpecdecError(f"adapter {meta.name}: this backend has no adapter registry")
 
-    def _use_adapter(self, workspace: str) -> None:
+    def use_adapter(self, workspace: str) -> None:
         """Worker thread: switch the draft's adapter for this request (the draft's KV cache then restarts)."""
         if self.switchable is None:
             return
@@ -338,7 +347,7 @@ class LocalBackend(Reconfigurable):
     # -- generation -----------------------------------------------------------------------------------
     def complete(self, request: CompletionRequest, stop=None, cancel=None) -> CompletionResult:
         """Worker thread: one completion, the text as the engine generated it (stopped by `stop`)."""
-        self._use_adapter(request.workspace)
+        self.use_adapter(request.workspace)
         if self.repo_index is not None:
             exclude_document(self.completer, request.document)
         self.idle.clear()

@@ -41,7 +41,7 @@ def test_a_broken_adapter_falls_back_to_the_base_draft_with_a_warning(tmp_path, 
     host.completer = SimpleNamespace(session=SimpleNamespace(drafter=None))
     assert host.adapter_for(str(repo)).name == meta.name
     for _ in range(2):
-        host._use_adapter(str(repo))  # the request goes on with the base draft
+        host.use_adapter(str(repo))  # the request goes on with the base draft
         assert host.adapter == "" and draft.active is None
     assert host.adapter_error.startswith(meta.name) and len(warnings) == 1 and meta.name in warnings[0]
     assert host.adapter_for(str(repo)) is None  # its requests and cache hits are the base draft's
@@ -94,9 +94,9 @@ def test_a_broken_registry_entry_falls_back_with_one_warning(tmp_path):
     for _ in range(3):
         assert host.adapter_for(str(only)) is None
         assert host.adapter_for(str(older)).name == kept.name
-        host._use_adapter(str(only))
+        host.use_adapter(str(only))
         assert host.adapter == "" and host.switchable.active is None
-        host._use_adapter(str(older))
+        host.use_adapter(str(older))
         assert host.adapter == kept.name
     assert len(warnings) == 2 and all("\n" not in w for w in warnings)
     assert "corrupt adapter metadata" in warnings[0] and broken.name.replace("@", "/") in warnings[0]

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -89,6 +89,8 @@ class RemoteBackend:
         self._counter: TokenCounter | None = None  # the target's tokens (or the estimate), built once per target
         self._counter_target: str | None = None
         self._counter_lock = threading.Lock()
+        self.repo_index = None  # the RepoIndex in the target's tokens whose best chunks are the engine's context
+        self._index_lock = threading.Lock()
 
     @property
     def ready(self) -> bool:
@@ -195,9 +197,40 @@ class RemoteBackend:
         finally:
             self._counter_lock.release()
 
+    def tokenizer(self):
+        """The target's tokenizer where one was built (token_counter), else None (an estimate counts)."""
+        counter = self._counter
+        return counter.tokenizer if counter is not None and counter.exact else None
+
     def template(self):
+        if self.settings is None:
+            return None
         family = self.settings.fim_family or fim_prompt.family_of(self.model, self.settings.target)
         return fim_prompt.template_for(family)
+
+    def index_for(self, settings):
+        """The repository index (its chunks are the engine's context), or None: off, or no tokenizer for its ids."""
+        counter = self._counter
+        if not settings.repo_index or (counter is not None and not counter.exact):
+            return None
+        with self._index_lock:
+            if self.repo_index is None:
+                from specdec.engine.drafters.repo_index import RepoIndex
+
+                self.repo_index = RepoIndex(settings.repo_index_max_tokens)
+            return self.repo_index
+
+    def repository_context(self, request: CompletionRequest) -> CompletionRequest:
+        """The request with its chunks best first: the index's for the cursor (specdec/repository/context.py), else
+        the ones it came with (the server's heads of other open files, most recently opened first)."""
+        tokenizer, index = self.tokenizer(), self.repo_index
+        if tokenizer is not None and index is not None:
+            from specdec.repository.context import best_chunks
+
+            found = best_chunks(index, tokenizer, request.prefix, request.document or None, request.workspace)
+            if found:
+                return replace(request, chunks=found)
+        return replace(request, chunks=list(request.chunks)[::-1])
 
     def adapter_for(self, workspace: str) -> str:
         """The served adapter for the workspace's repository, or "" (none registered, or not served)."""
