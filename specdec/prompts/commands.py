@@ -111,14 +111,12 @@ def stats_json(result) -> dict:
 def complete_remotely(args, engine: str, prefix: str, suffix: str) -> int:
     """`specdec complete --engine KIND --engine-url URL`: the same completion from a shared engine; --json and
     --trace report the engine's own speculation counts (or that it reported none)."""
-    from types import SimpleNamespace
-
+    from specdec.backends.base import CompletionRequest
     from specdec.backends.remote.cli import engine_bounds, load_engine
 
     backend = load_engine(engine, args.engine_url, target=args.target, **engine_bounds(args))
-    request = SimpleNamespace(prefix=prefix, suffix=suffix, path=args.file, workspace="", language="",
-                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                              seed=args.seed)
+    request = CompletionRequest(prefix=prefix, suffix=suffix, path=args.file, max_new_tokens=args.max_new_tokens,
+                                temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     result = backend.complete(request)
     if result.stop_reason == "error":
         raise SpecdecError(backend.health.reason or f"{engine} at {backend.endpoint.shown} did not answer")
