@@ -239,6 +239,7 @@ def test_int8_and_int4_layers_give_the_same_bits_on_both_paths(both):
 
 
 def test_use_isa_refuses_what_it_cannot_run(kernel):
+    before = w4a8.isa()  # the CPU's best, or what SPECDEC_NATIVE_ISA chose
     with pytest.raises(RuntimeError, match="expected 'avx2', 'avx512' or 'amx'"):
         with w4a8.use_isa("sse2"):
             pass
@@ -246,10 +247,9 @@ def test_use_isa_refuses_what_it_cannot_run(kernel):
         with pytest.raises(RuntimeError, match="does not support avx512"):
             with w4a8.use_isa("avx512"):
                 pass
-    before = w4a8.isa()
     with w4a8.use_isa("avx2"):
         assert w4a8.isa() == "avx2"
-    assert w4a8.isa() == before == w4a8.cpu_isa()
+    assert w4a8.isa() == before
 
 
 def test_specdec_native_isa_avx2_forces_both_the_ops_and_the_matmuls(kernel):
