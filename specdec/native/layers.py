@@ -76,8 +76,8 @@ def int8_norms(linears: list) -> bool:
 
 
 def int8_norms_now(linears: list) -> bool:
-    """Whether this pass's norms hand these Linears int8 rows: the kernels run on their AVX512-VNNI path now (the
-    AVX2 path keeps the unfused norm) and no Linear has a LoRA adapter set (its side matmul reads fp32 rows)."""
+    """Whether this pass's norms hand these Linears int8 rows: the kernels run here (on every path: AVX2's fused norm
+    has the AVX512 one's bits) and no Linear has a LoRA adapter set (its side matmul reads fp32 rows)."""
     return w4a8.fused_norm_runs() and all(lin.lora is None for lin in linears)
 
 
