@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of: {', '.join(CONFIGS)}")
     p.add_argument("--holes", type=int, default=2, help="holes per workload file (the engine benchmark's: 2)")
+    p.add_argument("--limit", type=int, default=0, help="only the first N holes (0: all)")
     p.add_argument("--max-new-tokens", type=int, default=48)
     args = p.parse_args(argv)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     completer = built.completer
     stops = set(completer.session.stop_token_ids)
     holes = load_workload(None, args.holes, SOURCES)
+    holes = holes[: args.limit] if args.limit > 0 else holes
     prompts = [(completer.prompt(h.prefix, h.suffix).ids, completer.prompt(h.prefix[:-1], h.suffix).ids)
                for h in holes]
     print(f"{len(holes)} holes, {args.max_new_tokens} new tokens, target {target.name}, draft {draft.name}, "
