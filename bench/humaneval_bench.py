@@ -2,7 +2,7 @@
 
 Quality is measured on what a user gets, so every completion takes the server's own path: the
 models loaded by ModelHost from the server's Settings (its prompt budgets, token budget and FIM
-prompt), the cursor analysed by lsp_server.syntax, generation on the model worker with the
+prompt), the cursor analysed by specdec.completion.syntax, generation on the model worker with the
 syntax stop rules, the text trimmed by syntax.finalize, and the item applied to the document as
 an editor applies an inline completion (its insert text at the cursor). Greedy, so a strategy
 never changes the text: configurations differ only by the target's weights (`--target-quant`).
@@ -24,12 +24,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from lsp_server import syntax
 from lsp_server.hosts import ModelHost
 from lsp_server.service import EditorRequest
 from lsp_server.settings import Settings, SettingsError
 from specdec_bench import humaneval, llama
 from specdec_bench.sandbox import run_program
+from specdec.completion import syntax
 from specdec.engine.strategies import STRATEGIES, needs_draft_model
 from specdec.errors import SpecdecError
 

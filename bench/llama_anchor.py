@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from lsp_server import syntax
 from lsp_server.settings import Settings
 from specdec.backends.base import CompletionResult
 from specdec.backends import llama_server
+from specdec.completion import syntax
 from specdec.prompts import fim
 
 SERVER_STOPS = {"eos": "eos", "limit": "max_tokens", "word": "stop"}  # llama.cpp's stop_type, in our words

@@ -1,5 +1,6 @@
-"""What an editor's request at a cursor becomes: the document's text around the cursor, bounded, and the context
-of other open files, as an EditorRequest the scheduler (service.py) takes."""
+"""What an editor's request at a cursor becomes: the document's text around the cursor (the completion wing's window,
+specdec/completion/window.py), and the context of other open files, as an EditorRequest the scheduler (service.py)
+takes. What is the editor's here: URIs, the open documents, positions in the client's encoding."""
 
 from __future__ import annotations
 
@@ -9,34 +10,17 @@ from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
 
-from lsp_server import syntax
-from lsp_server.documents import ChunkedText, text_of
+from lsp_server.documents import text_of
 from lsp_server.service import EditorRequest
+from specdec.completion.window import looks_binary, window
+from specdec.prompts.languages import detect_language
 
 log = logging.getLogger("specdec.server")
-BINARY_SNIFF = 8192
-PREFIX_WINDOW = 256_000  # characters before the cursor a request carries: far more than any prompt budget uses,
-SUFFIX_WINDOW = 64_000  # and a 10 MB document costs a slice, not a copy the size of the file per keystroke
 
 
 def uri_path(uri: str) -> str:
     parsed = urlparse(uri)
     return unquote(parsed.path) if parsed.scheme in ("file", "") else uri
-
-
-def window(source: str | ChunkedText, offset: int) -> tuple[str, str]:
-    """Prefix and suffix around the cursor, bounded: a huge document is completed from the text near it
-    (from a document's ChunkedText, that text is all this reads).
-
-    The prefix window starts at a line break on a fixed grid of the document, so its start
-    (and the prompt's, and the KV cache built on it) does not move while the user types.
-    """
-    start = 0
-    if offset > PREFIX_WINDOW:
-        grid = (offset - PREFIX_WINDOW) // 4096 * 4096 + 4096
-        newline = source.find("\n", grid, offset)
-        start = newline + 1 if newline >= 0 else offset - PREFIX_WINDOW
-    return source[start:offset], source[offset : offset + SUFFIX_WINDOW]
 
 
 def workspace_for(roots: list[str], path: str) -> str:
@@ -57,12 +41,12 @@ def build_request(server, uri: str, position: types.Position, invoked: bool) -> 
         log.info("no completion: %s is not open", uri)
         return None
     text = text_of(document)
-    if "\0" in text[:BINARY_SNIFF]:
+    if looks_binary(text):
         return None
     encoding = server.server_capabilities.position_encoding or types.PositionEncodingKind.Utf16
     offset = text.cursor_offset(position, encoding)
     path = uri_path(uri)
-    language = syntax.detect_language(document.language_id, uri)
+    language = detect_language(document.language_id, uri)
     workspace = workspace_for(server.workspace_roots, path)
     prefix, suffix = window(text, offset)
     fields = {"path": str(Path(path).relative_to(workspace)) if workspace else Path(path).name}
@@ -80,7 +64,7 @@ def build_request(server, uri: str, position: types.Position, invoked: bool) -> 
 def others(server, uri: str, language: str):
     """(uri, document) of the other open files of the language, among the 8 opened last."""
     for other_uri, doc in list(server.workspace.text_documents.items())[-8:]:
-        if other_uri != uri and syntax.detect_language(doc.language_id, other_uri) == language:
+        if other_uri != uri and detect_language(doc.language_id, other_uri) == language:
             yield other_uri, doc
 
 

@@ -1,9 +1,9 @@
 """The server's host: where its completions are computed, chosen by the `engine` setting (`new_host`).
 
 `ModelHost` is the in-process backend (specdec/backends/local.py: the models and their single worker) as the server
-runs it: adapters from the registry per workspace, the settings' errors, and the syntax rules (lsp_server/syntax.py)
-that stop and trim whatever the backend returns. `RemoteHost` (lsp_server/remote_host.py) is the same face for a
-remote engine. The scheduler (service.py) and the handlers see only that face.
+runs it: adapters from the registry per workspace, the settings' errors, and the completion policy's syntax rules
+(specdec/completion/syntax.py) that stop and trim whatever the backend returns. `RemoteHost` (lsp_server/remote_host.py)
+is the same face for a remote engine. The scheduler (service.py) and the handlers see only that face.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Callable
 
 from lsprotocol import types
 
-from lsp_server import syntax
 from lsp_server.settings import Settings, SettingsError
 from specdec import backends
 from specdec.backends.local import LocalBackend
+from specdec.completion import syntax
 from specdec.errors import SpecdecError
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable
 
-from lsp_server import syntax
 from specdec.backends import make_backend
 from specdec.backends.base import Reconfigurable
+from specdec.completion import syntax
 
 
 class RemoteHost(Reconfigurable):

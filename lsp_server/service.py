@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lsp_server import source_metrics, syntax
+from lsp_server import source_metrics
 from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.online import OnlineAdaptation
 from lsp_server.settings import Settings
 from lsp_server.traces import TraceStore
 from specdec.backends.base import CompletionRequest
+from specdec.completion import syntax
 
 log = logging.getLogger("specdec.server")
 

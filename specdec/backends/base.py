@@ -3,7 +3,7 @@
 Torch-free: the server imports it before any model loads. A request carries everything a completion depends on
 (text around the cursor, the file's path, other files' snippets, the generation settings), so it can cross a
 process or a network as JSON; a result carries the text as generated (the server's stop and trim rules,
-lsp_server.syntax, apply to whatever a backend returns), why it stopped, the engine's counters as a dict and,
+specdec.completion.syntax, apply to whatever a backend returns), why it stopped, the engine's counters as a dict and,
 when the engine keeps one, its pass trace.
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lsp_server import syntax
+from specdec.completion import syntax
 
 pytestmark = pytest.mark.slow
 

@@ -170,7 +170,7 @@ def cut_cases(target, tok):
     """(prompt, predicate, index of the token at which plain greedy's real stop predicate cuts)."""
     import random
 
-    from lsp_server import syntax
+    from specdec.completion import syntax
 
     rng, cases = random.Random(0), []
     predicates = [syntax.stop_predicate(syntax.analyze(*shape)) for shape in SHAPES]

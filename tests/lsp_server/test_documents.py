@@ -14,7 +14,7 @@ from pygls.workspace import position_codec as pygls_codec
 
 import raw_client as rc
 from lsp_server import documents
-from lsp_server.cursor import PREFIX_WINDOW, SUFFIX_WINDOW, window
+from specdec.completion.window import PREFIX_WINDOW, SUFFIX_WINDOW, window
 from lsp_server.documents import CHUNK, ChunkedText, Document
 
 ENCODINGS = [types.PositionEncodingKind.Utf16, types.PositionEncodingKind.Utf8, types.PositionEncodingKind.Utf32]

@@ -10,7 +10,7 @@ from lsprotocol import types
 
 from lsp_server.api.inline_completion import inline_item
 from lsp_server.documents import ChunkedText
-from lsp_server.cursor import SUFFIX_WINDOW, build_request, window
+from lsp_server.cursor import build_request
 from lsp_server.hosts import ModelHost
 from lsp_server.server import create_server
 from lsp_server.settings import Settings
@@ -62,7 +62,7 @@ def complete_and_apply(source: str, line: int, col: int, script: str, eos: bool 
     position = types.Position(line, col)
     request = build_request(server, "file:///w/m.py", position, invoked=True)
     c = request.completion
-    ctx = __import__("lsp_server.syntax", fromlist=["analyze"]).analyze(c.language, c.prefix, c.suffix)
+    ctx = __import__("specdec.completion.syntax", fromlist=["analyze"]).analyze(c.language, c.prefix, c.suffix)
     host = ModelHost()
     host.completer, host.state = ScriptedCompleter(script, eos), "ready"
     text, _ = host.generate(request, ctx, Settings().update(settings), CancelToken())
@@ -105,20 +105,6 @@ def test_multiline_off_makes_every_completion_single_line():
     source, script = "def f(x):\n    \n", "y = x + 1\n    return y\n\n"
     assert complete_and_apply(source, 1, 4, script, multiline=False) == "def f(x):\n    y = x + 1\n"
     assert complete_and_apply(source, 1, 4, script, multiline=True) == "def f(x):\n    y = x + 1\n    return y\n"
-
-
-def test_huge_document_window_is_bounded_and_stable_while_typing():
-    source = "x" * 10_000_000  # one 10 MB line: no line break to cut at
-    prefix, suffix = window(source, 9_000_000)
-    assert len(prefix) <= 256_000 and len(suffix) == SUFFIX_WINDOW
-    lines = "y = 1\n" * 1_000_000
-    starts = set()
-    for typed in range(1, 200):
-        document = lines + "z" * typed
-        prefix, _ = window(document, len(document))
-        assert prefix.endswith("z" * typed) and len(prefix) <= 256_000
-        starts.add(len(document) - len(prefix))
-    assert len(starts) == 1  # the window's start (and the prompt's) stays put while the user types
 
 
 @settings(max_examples=200, deadline=None)

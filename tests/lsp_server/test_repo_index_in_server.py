@@ -152,7 +152,7 @@ def test_the_host_drafts_from_other_documents_only(model_dirs, strategy):
     """In-process: a document holding the target's own continuation of the text before the cursor is drafted
     from (the FIM prompt's prefix and the completion are stitched across the markers), unless it is the very
     document being completed."""
-    from lsp_server import syntax
+    from specdec.completion import syntax
     from specdec.engine.session import CancelToken
 
     host = ModelHost()

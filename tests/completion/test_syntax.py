@@ -1,8 +1,9 @@
-"""Syntax-aware context: language detection, strings/comments, line modes, stops and trimming."""
+"""The completion policy's syntax rules (specdec/completion/syntax.py): language detection, strings/comments, line
+modes, stops and trimming."""
 
 import pytest
 
-from lsp_server import syntax
+from specdec.completion import syntax
 
 
 def ctx(language, text):
