@@ -106,7 +106,7 @@ def replay_job(args, root: Path, heldout, holes, completer, drafter, draft_hash:
     per_file = math.ceil(ONLINE_ACCEPTED / max(1, len(heldout)))
     accepted, dropped = [], 0
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_draft=args.max_draft)
-    session.drafter, session.strategy = drafter, "draft"
+    session = session.derive(drafter=drafter, strategy="draft")  # the completer's target and cache
     for f in heldout:
         source = SourceFile(f.language, "local", f"replay:{f.path}", f.path, "", "")
         for point in cut_holes(source, scrubbed[f.path], per_file, seed):
@@ -253,7 +253,8 @@ def bench_package(spec: str, args, configs: list[Config], models: dict, report=p
     from specdec_bench.workload import repo_root
     from specdec.engine.drafters.repo_index import RepoIndex
     from specdec.engine.session import GenerationConfig
-    from specdec.engine.strategies import make_drafter, repo_drafters
+    from specdec.engine.drafters.base import RequestContext
+    from specdec.engine.strategies import make_drafter
     from specdec.models.loading import load_draft
     from specdec.prompts import fim
     from specdec.repository.build import build_index, document_key
@@ -306,6 +307,8 @@ def bench_package(spec: str, args, configs: list[Config], models: dict, report=p
         drafters = {c.name: make_drafter(c.strategy, drafts[c.adapter], max_draft=args.max_draft,
                                          repo_index=index if c.index else None, prompt_markers=markers)
                     for c in configs}
+        # per configuration, a session over the completer's target and its cache
+        sessions = {c.name: completer.session.derive(drafter=drafters[c.name], strategy=c.strategy) for c in configs}
         generation = GenerationConfig(max_new_tokens=args.max_new_tokens, max_draft=args.max_draft)
         rows = []
         for hole in holes:
@@ -313,13 +316,12 @@ def bench_package(spec: str, args, configs: list[Config], models: dict, report=p
             previous = completer.prompt(hole.prefix[:-1], hole.suffix).ids
             document = document_key(selection.root / hole.source.member)
             reference = None
+            # as the server: never the document being completed (not indexed here)
+            request = RequestContext(document)
             for c in configs:
-                drafter = drafters[c.name]
-                for repo in repo_drafters(drafter):
-                    repo.exclude = document  # as the server: never the document being completed (not indexed here)
                 row = {"package": spec, "hole": hole.name, "file": hole.source.member, "language": hole.language,
                        "config": c.label, "prompt_tokens": len(prompt)}
-                tokens = run_ours(completer.session, drafter, c.strategy, prompt, previous, generation, args.cold, row)
+                tokens = run_ours(sessions[c.name], prompt, previous, generation, args.cold, row, request)
                 if c.name == "base":
                     reference = tokens
                 row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0

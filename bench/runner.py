@@ -169,7 +169,7 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
     if hf and forward == "auto":  # the baselines and our strategies on one target, as they always were
         forward = "transformers"
         print(f"{', '.join(hf)} asked for: the target runs on transformers (--forward native without them)", flush=True)
-    # one session for every strategy: built plain, each strategy's drafter swapped in per request (run_ours)
+    # one target and KV cache for every strategy: built plain, each strategy a Session derived over it (run_ours)
     built = build(LoadSpec(args.target, args.draft if needs_draft else "", "plain", args.dtype, args.draft_quant,
                            args.target_quant, args.int4_kernel, forward, device=args.device, adapter=args.adapter,
                            max_draft=args.max_draft, max_prefix_tokens=args.max_prefix_tokens,
@@ -192,13 +192,16 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
     curve = None
     if any(needs_cost_curve(s, draft is not None) for s in strategies):
         curve = target_cost_curve(session.target, cost_curve_key(**pair.target_identity()))
-        session.cost_curve = curve  # learnt from every timed pass from here on, as in the server
         print(curve_line(curve), flush=True)
     repo = RepoRows(tokenizer) if "repo" in strategies else None
     markers = fim.markers(tokenizer, completer.template)  # the draft model's view of the prompt; the repo rows' index
     drafters = {s: make_drafter(s, draft, max_draft=args.max_draft, cost_curve=curve, prompt_markers=markers,
                                 draft_suffix_tokens=getattr(args, "draft_suffix_tokens", DRAFT_SUFFIX_TOKENS),
                                 **(repo.drafter_options() if s == "repo" else {})) for s in strategies if s in OURS}
+    # per strategy, a session over the one target and its cache (the warm-cache behaviour measured: a strategy's
+    # request follows its previous keystroke's on the same cache), the curve learnt from every timed pass from here
+    # on, as in the server
+    ours = {s: session.derive(drafter=drafter, strategy=s, cost_curve=curve) for s, drafter in drafters.items()}
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, max_draft=args.max_draft)
 
     session.generate(tokenizer.encode("def warm_up():\n    return"), GenerationConfig(4))  # threads, allocator
@@ -240,7 +243,7 @@ def _run(args, strategies: list[str], anchors: dict, skipped: dict[str, str], en
             elif strategy in engines:
                 tokens = run_engine(engines[strategy], hole, args, row, tokenizer)
             else:
-                tokens = run_ours(session, drafters[strategy], strategy, prompt, previous, config, args.cold, row)
+                tokens = run_ours(ours[strategy], prompt, previous, config, args.cold, row)
             if reference is None:
                 reference = tokens
             row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
@@ -340,18 +343,18 @@ class RepoRows:
               f"files of {hole.source.package}, {stats.tokens} tokens", flush=True)
 
 
-def run_ours(session, drafter, strategy: str, prompt: list[int], previous: list[int], config, cold: bool,
-             row: dict) -> list[int]:
-    """One request as the language server runs it (after the previous keystroke's, unless cold): its tokens; its
-    time and speculation counters go into `row`."""
+def run_ours(session, prompt: list[int], previous: list[int], config, cold: bool, row: dict,
+             request=None) -> list[int]:
+    """One request as the language server runs it (after the previous keystroke's, unless cold) on a strategy's
+    session (one derived per strategy over the one target and its cache): its tokens; its time and speculation
+    counters go into `row`. request: what the drafters read of it (drafters.base.RequestContext), both times."""
     from specdec.engine.session import GenerationConfig
 
-    session.drafter, session.strategy = drafter, strategy
     if cold:
         session.reset()
     else:  # the previous keystroke's request, untimed, leaves the caches as a server would
-        session.generate(previous, GenerationConfig(max_new_tokens=1))
-    result = session.generate(prompt, config)
+        session.generate(previous, GenerationConfig(max_new_tokens=1), request=request)
+    result = session.generate(prompt, config, request=request)
     row.update(stats_row(result.stats), new_tokens=len(result.tokens), mode="cold" if cold else "warm")
     return result.tokens
 

@@ -22,6 +22,14 @@ from specdec.errors import SpecdecError
 StopPredicate = Callable[[str], "int | None"]  # text so far -> where to cut it, or None to go on
 Report = Callable[[str, int], None]  # (message, percent): a load's progress
 
+
+class _Unresolved:
+    def __repr__(self) -> str:
+        return "UNRESOLVED"
+
+
+UNRESOLVED = _Unresolved()  # a request's draft adapter not yet looked up (LocalBackend.complete looks it up)
+
 REMOTE = "specdec.backends.remote.backend:RemoteBackend"  # llama-server, vllm and sglang: one HTTP backend
 KINDS = {"local": "specdec.backends.local:LocalBackend", **{kind: REMOTE for kind in REMOTE_KINDS}}
 

@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from specdec.backends.base import CompletionRequest, CompletionResult, Reconfigurable, Report
+from specdec.backends.base import UNRESOLVED, CompletionRequest, CompletionResult, Reconfigurable, Report
 from specdec.engine.strategies import needs_draft_model, uses_repo_index
 from specdec.errors import SpecdecError
 
@@ -69,6 +69,7 @@ def build(spec: LoadSpec, repo_index=None, report: Report = lambda message, perc
     """Load the pair, make the session for the strategy (its cost curve measured once per model where it plans)
     and put a FIM completer on it. Blocking; raises SpecdecError (or OSError) on what the user can fix."""
     from specdec.engine.cost_curve import cost_curve_key
+    from specdec.engine.session import stop_ids
     from specdec.engine.strategies import make_session, needs_cost_curve
     from specdec.models.loading import load_pair
     from specdec.models.store import conversion_progress
@@ -108,32 +109,28 @@ def build(spec: LoadSpec, repo_index=None, report: Report = lambda message, perc
             switchable = SwitchableDraft(pair.draft.model, spec.draft_quant)
         draft_model, draft_hash = switchable.model, pair.draft.weight_hash
     tokenizer = pair.target.tokenizer
-    markers = fim.markers(tokenizer, fim.detect(tokenizer, spec.fim_family))
+    template = fim.detect(tokenizer, spec.fim_family)
     if needs_cost_curve(spec.strategy, draft_model is not None):
         report("measuring the target's verify cost (once per model)", 95)  # after 90: monotonic
+    base_stops = stop_ids(tokenizer)
     session = make_session(pair.target.model, tokenizer, spec.strategy, draft_model, max_draft=spec.max_draft,
-                           repo_index=repo_index, prompt_markers=markers,
-                           cost_key=cost_curve_key(**pair.target_identity()))
-    base_stops = session.stop_token_ids
+                           repo_index=repo_index, prompt_markers=fim.markers(tokenizer, template),
+                           cost_key=cost_curve_key(**pair.target_identity()),
+                           stop_token_ids=base_stops | fim.stop_token_ids(tokenizer, template))
     budgets = {name: getattr(spec, name) for name in ("max_prefix_tokens", "max_suffix_tokens")
                if getattr(spec, name) is not None}
-    completer = Completer.for_session(session, spec.fim_family, **budgets)
-    return Built(completer, pair, draft_model, switchable, draft_hash, base_stops)
+    return Built(Completer(session, template, **budgets), pair, draft_model, switchable, draft_hash, base_stops)
 
 
-def exclude_document(completer, document: str | None) -> None:
-    """The document being completed holds the very suffix the model must not be pushed to repeat (and its text
-    before the cursor is prompt lookup's): the repository drafters read the other files."""
+def request_context(completer, document: str | None):
+    """What the drafters read of a request on this completer's session (drafters.base.RequestContext), handed down
+    with it: the document being completed holds the very suffix the model must not be pushed to repeat (and its
+    text before the cursor is prompt lookup's), so the repository drafters read the other files; and whose token
+    ids the context is, so they never match in another tokenizer's index."""
+    from specdec.engine.drafters.base import RequestContext
     from specdec.engine.drafters.repo_index import vocabulary_of
-    from specdec.engine.strategies import repo_drafters
 
-    drafter = completer.session.drafter
-    if drafter is None:
-        return
-    vocabulary = vocabulary_of(completer.session.tokenizer)  # never a match in another tokenizer's ids
-    for repo in repo_drafters(drafter):
-        repo.exclude = document or None
-        repo.vocabulary = vocabulary
+    return RequestContext(document or None, vocabulary_of(completer.session.tokenizer))
 
 
 def generation_config(request: CompletionRequest):
@@ -153,11 +150,8 @@ class Plan:
     """
 
     settings: object
-    completer: object  # specdec.prompts.completion.Completer
+    completer: object  # specdec.prompts.completion.Completer: its session holds the drafter, the stops, the curve
     draft_model: object  # None without a draft model
-    drafter: object
-    template: object  # specdec.prompts.fim.FimTemplate
-    stops: frozenset[int]
     base_stops: frozenset[int]  # the session's stop ids before the template's
 
 
@@ -241,10 +235,9 @@ class LocalBackend(Reconfigurable):
             self.state, self.error = "loading", ""
             try:
                 built = build(LoadSpec.from_settings(settings), self.index_for(settings), report_and_keep)
-                completer, session = built.completer, built.completer.session
+                completer = built.completer
                 draft_hash = built.draft_hash if built.switchable is not None else self.draft_hash
-                plan = Plan(settings, completer, built.draft_model, session.drafter, completer.template,
-                            session.stop_token_ids, built.base_stops)
+                plan = Plan(settings, completer, built.draft_model, built.base_stops)
 
                 def publish() -> None:
                     self._draft_model, self.switchable, self.draft_hash = built.draft_model, built.switchable, \
@@ -278,17 +271,17 @@ class LocalBackend(Reconfigurable):
         plan = self._plan
         if plan is None or settings.models_differ(plan.settings):
             return None
-        old, completer = plan.settings, plan.completer
+        old, completer = plan.settings, plan.completer  # swaps still queued included
         from specdec.engine.strategies import make_drafter, needs_cost_curve
         from specdec.prompts import fim
 
         needs_draft = needs_draft_model(settings.strategy)
         if needs_draft and plan.draft_model is None and settings.draft:
             return None
-        if needs_cost_curve(settings.strategy, plan.draft_model is not None) and completer.session.cost_curve is None:
-            return None  # measured at load, while nothing generates
         session = completer.session
-        drafter, template, stops = plan.drafter, plan.template, plan.stops  # swaps still queued included
+        if needs_cost_curve(settings.strategy, plan.draft_model is not None) and session.cost_curve is None:
+            return None  # measured at load, while nothing generates
+        drafter, template, stops = session.drafter, completer.template, session.stop_token_ids
         if settings.fim_family != old.fim_family:  # the prompt format changes: rebuild the template and stops
             template = fim.detect(session.tokenizer, settings.fim_family or None)
             stops = plan.base_stops | fim.stop_token_ids(session.tokenizer, template)
@@ -298,16 +291,17 @@ class LocalBackend(Reconfigurable):
                                    repo_index=self.index_for(settings),
                                    prompt_markers=fim.markers(session.tokenizer, template),
                                    cost_curve=session.cost_curve)
+        # a new session over the same target, cache and cost curve, and a new completer: nothing re-targeted
+        completer = replace(completer, session=session.derive(drafter=drafter, strategy=settings.strategy,
+                                                              stop_token_ids=stops),
+                            template=template, max_prefix_tokens=settings.max_prefix_tokens,
+                            max_suffix_tokens=settings.max_suffix_tokens)
 
         def swap() -> None:
-            session.drafter, session.strategy, session.stop_token_ids = drafter, settings.strategy, stops
-            completer.template = template
-            completer.max_prefix_tokens = settings.max_prefix_tokens
-            completer.max_suffix_tokens = settings.max_suffix_tokens
+            self.completer = completer
 
         def commit() -> None:
-            self._settings, self._plan = settings, replace(plan, settings=settings, drafter=drafter, template=template,
-                                                           stops=stops)
+            self._settings, self._plan = settings, replace(plan, settings=settings, completer=completer)
             self.executor.submit(swap)  # one worker, first in first out: serialised with generations
 
         return commit
@@ -322,11 +316,13 @@ class LocalBackend(Reconfigurable):
         """Where `adapter_for`'s adapter is stored (a subclass that finds adapters says where)."""
         raise SpecdecError(f"adapter {meta.name}: this backend has no adapter registry")
 
-    def use_adapter(self, workspace: str) -> None:
-        """Worker thread: switch the draft's adapter for this request (the draft's KV cache then restarts)."""
+    def use_adapter(self, workspace: str, meta=UNRESOLVED) -> None:
+        """Worker thread: switch the draft's adapter for this request (the draft's KV cache then restarts). meta:
+        the workspace's adapter as the caller resolved it (adapter_for: None for the base draft), else looked up."""
         if self.switchable is None:
             return
-        meta = self.adapter_for(workspace)
+        if meta is UNRESOLVED:
+            meta = self.adapter_for(workspace)
         if meta is None:
             changed = self.switchable.activate(None)
             self.adapter = ""
@@ -345,17 +341,21 @@ class LocalBackend(Reconfigurable):
             self.completer.session.drafter.reset()
 
     # -- generation -----------------------------------------------------------------------------------
-    def complete(self, request: CompletionRequest, stop=None, cancel=None) -> CompletionResult:
-        """Worker thread: one completion, the text as the engine generated it (stopped by `stop`)."""
-        self.use_adapter(request.workspace)
-        if self.repo_index is not None:
-            exclude_document(self.completer, request.document)
+    def complete(self, request: CompletionRequest, stop=None, cancel=None, adapter=UNRESOLVED) -> CompletionResult:
+        """Worker thread: one completion, the text as the engine generated it (stopped by `stop`). adapter: the
+        workspace's draft adapter as the caller resolved it (the server: once per request, `adapter_for`; None:
+        the base draft); UNRESOLVED: looked up here. The document and the tokenizer's vocabulary go down to the
+        drafters with the generation (request_context), set on none of them."""
+        self.use_adapter(request.workspace, adapter)
+        completer = self.completer
+        # without an index no drafter reads the request's context
+        drafting = {"request": request_context(completer, request.document)} if self.repo_index is not None else {}
         self.idle.clear()
         try:
-            generation = self.completer.complete(request.prefix, request.suffix, generation_config(request),
-                                                 request.path or None, stop, cancel, request.context)
+            generation = completer.complete(request.prefix, request.suffix, generation_config(request),
+                                            request.path or None, stop, cancel, request.context, **drafting)
         except Exception:
-            self.completer.session.reset()  # a half-updated cache must not poison the next request
+            completer.session.reset()  # a half-updated cache must not poison the next request
             raise
         finally:
             self.idle.set()

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from specdec.engine.acceptance import verify_tree
-from specdec.engine.drafters.base import Draft, Drafter
+from specdec.engine.drafters.base import NO_REQUEST, Draft, Drafter, RequestContext
 from specdec.engine.cached_lm import Cancelled, as_cached_lm
 from specdec.engine.sampling import SamplingConfig, probabilities
 from specdec.engine.trace import PLAIN, PassRecord, Trace, next_kind, probabilities_of
@@ -113,18 +113,54 @@ class Generation:
 
 
 class Session:
+    """The decode loop over one target and one drafter. Its configuration (drafter, strategy, stop ids, cost
+    curve) is given once, at construction (strategies.make_session builds one for a strategy), and never
+    re-targeted: another drafter or stop set is another Session over the same target, KV cache and lock
+    (`derive`). What one request tells the drafters (the document, excluded files) is the `request` argument of
+    `generate`, never state set on them."""
+
     def __init__(self, target, tokenizer, drafter: Drafter | None = None, stop_token_ids: Iterable[int] = (),
-                 strategy: str | None = None):
+                 strategy: str | None = None, cost_curve=None, stop_on_eos: bool = True, lock=None):
+        """cost_curve: the target's verify cost per pass size (a LearnedCostCurve) when a strategy plans; every
+        timed pass corrects it. stop_on_eos: the tokenizer's EOS stops too (False: only stop_token_ids). lock: a
+        session over the same target's lock (derive), since the caches are shared state."""
         self.target = as_cached_lm(target)
         self.tokenizer = tokenizer
-        self.drafter = drafter
-        self.strategy = strategy or (drafter.name if drafter else "plain")
-        ids = set(stop_token_ids)
-        if tokenizer.eos_token_id is not None:
-            ids.add(tokenizer.eos_token_id)
-        self.stop_token_ids = frozenset(ids)
-        self.lock = threading.Lock()  # one generation at a time: the caches are shared state
-        self.cost_curve = None  # the target's verify cost per pass size (a LearnedCostCurve), when a strategy plans
+        self._drafter = drafter
+        self._strategy = strategy or (drafter.name if drafter else "plain")
+        self._stop_token_ids = stop_ids(tokenizer, stop_token_ids) if stop_on_eos else frozenset(stop_token_ids)
+        self._cost_curve = cost_curve
+        self.lock = lock or threading.Lock()  # one generation at a time: the caches are shared state
+
+    @property
+    def drafter(self) -> Drafter | None:
+        return self._drafter
+
+    @property
+    def strategy(self) -> str:
+        return self._strategy
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        return self._stop_token_ids
+
+    @property
+    def cost_curve(self):
+        """The target's verify cost per pass size (a LearnedCostCurve), when a strategy plans; else None."""
+        return self._cost_curve
+
+    def derive(self, **changes) -> Session:
+        """Another Session over this one's target, with its KV cache and its lock (a cache reused, not rebuilt),
+        the tokenizer and, unless changed, the drafter, strategy, stop ids and cost curve. changes: drafter,
+        strategy (with a new drafter and no strategy: the drafter's name, or plain), stop_token_ids (the whole
+        set: EOS is not added), cost_curve. This session is left as it was."""
+        unknown = set(changes) - {"drafter", "strategy", "stop_token_ids", "cost_curve"}
+        if unknown:
+            raise TypeError(f"Session.derive: unknown fields {sorted(unknown)}")
+        drafter = changes.get("drafter", self._drafter)
+        strategy = changes.get("strategy", None if "drafter" in changes else self._strategy)
+        return Session(self.target, self.tokenizer, drafter, changes.get("stop_token_ids", self._stop_token_ids),
+                       strategy, changes.get("cost_curve", self._cost_curve), stop_on_eos=False, lock=self.lock)
 
     def reset(self) -> None:
         self.target.reset()
@@ -132,11 +168,14 @@ class Session:
             self.drafter.reset()
 
     def generate(self, prompt: list[int], config: GenerationConfig | None = None,
-                 stop: StopPredicate | None = None, cancel: CancelToken | None = None) -> Generation:
+                 stop: StopPredicate | None = None, cancel: CancelToken | None = None,
+                 request: RequestContext | None = None) -> Generation:
+        """request: what this request tells the drafters (the document being completed...), handed to every
+        propose; None: nothing (RequestContext())."""
         with self.lock:
-            return self._generate(list(prompt), config or GenerationConfig(), stop, cancel)
+            return self._generate(list(prompt), config or GenerationConfig(), stop, cancel, request or NO_REQUEST)
 
-    def _generate(self, prompt, config, stop, cancel) -> Generation:
+    def _generate(self, prompt, config, stop, cancel, request: RequestContext) -> Generation:
         started = time.perf_counter()
         trace = Trace(len(prompt), self.strategy, probabilities=config.trace)
         passes = trace.passes
@@ -178,15 +217,16 @@ class Session:
             draft = Draft([])
             t0 = time.perf_counter()
             if self.drafter is not None and budget > 0:
-                draft = self.drafter.propose(prompt + out, min(config.max_draft, budget), sampling, generator)
+                draft = self.drafter.propose(prompt + out, min(config.max_draft, budget), sampling, generator,
+                                             request=request)
             tree = draft.as_tree()
             t1 = time.perf_counter()
             # the root (the last verified token, not yet in the cache) is slot 0; node i is slot i + 1
             target_logits = self.target.extend_tree([out[-1]] + tree.tokens, [ROOT] + [p + 1 for p in tree.parents])
             verdict = verify_tree(tree, target_logits, sampling, generator)
             t2 = time.perf_counter()
-            if self.cost_curve is not None:  # every timed pass corrects the planner's curve (learned_cost.py)
-                self.cost_curve.observe(1 + len(tree), t2 - t1)
+            if self._cost_curve is not None:  # every timed pass corrects the planner's curve (learned_cost.py)
+                self._cost_curve.observe(1 + len(tree), t2 - t1)
             self.target.keep_path([0] + [node + 1 for node in verdict.path])
             if draft.tokens:
                 feedback = {"verdict": verdict} if draft.tree is not None else {}
@@ -208,6 +248,14 @@ class Session:
     def _accept(self, new: list[int], out: list[int], config: GenerationConfig,
                 stop: StopPredicate | None) -> tuple[str, str | None]:
         return accept_tokens(new, out, self.stop_token_ids, self.tokenizer, config.max_new_tokens, stop)
+
+
+def stop_ids(tokenizer, extra: Iterable[int] = ()) -> frozenset[int]:
+    """The stop ids a Session takes from these: extra and the tokenizer's EOS."""
+    ids = set(extra)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
 
 
 def accept_tokens(new: Iterable[int], out: list[int], stop_token_ids, tokenizer, max_new_tokens: int,

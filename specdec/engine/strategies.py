@@ -148,26 +148,27 @@ def _planned_draft(draft_model, length, max_draft: int, cost_curve, view=None):
 def make_session(target, tokenizer, strategy: str, draft_model=None, stop_token_ids=(), adaptive: bool = True,
                  max_draft: int = 8, repo_index=None, prompt_markers=None, cost_curve=None,
                  cost_key: str | None = None):
-    """cost_key: where `tree` (and `auto` with a draft model) caches the target's cost curve when none is given
-    (cost_curve.cost_curve_key); that curve is then learnt from the session's verify passes. A plain CostCurve
-    given is held fixed (tests, a known machine)."""
+    """The one builder of a strategy's Session, its configuration given once (a Session is never re-targeted:
+    `Session.derive` makes another over the same target and cache). cost_key: where `tree` (and `auto` with a
+    draft model) caches the target's cost curve when none is given (cost_curve.cost_curve_key); that curve is
+    then learnt from the session's verify passes. A plain CostCurve given is held fixed (tests, a known
+    machine)."""
+    from specdec.engine.cached_lm import as_cached_lm
+    from specdec.engine.learned_cost import LearnedCostCurve
     from specdec.engine.session import Session
 
-    from specdec.engine.learned_cost import LearnedCostCurve
-
-    session = Session(target, tokenizer, None, stop_token_ids, strategy=strategy)
+    target = as_cached_lm(target)  # the session's own: the cost curve is measured on it, its cache then empty
     if needs_cost_curve(strategy, draft_model is not None) and cost_curve is None:
-        cost_curve = target_cost_curve(session.target, cost_key)
+        cost_curve = target_cost_curve(target, cost_key)
     elif cost_curve is not None and not isinstance(cost_curve, LearnedCostCurve):
         cost_curve = LearnedCostCurve(cost_curve, "given", learn=False)  # the caller's machine, held as given
-    session.cost_curve = cost_curve
-    session.drafter = make_drafter(strategy, draft_model, adaptive, max_draft, repo_index, prompt_markers, cost_curve)
-    return session
+    drafter = make_drafter(strategy, draft_model, adaptive, max_draft, repo_index, prompt_markers, cost_curve)
+    return Session(target, tokenizer, drafter, stop_token_ids, strategy=strategy, cost_curve=cost_curve)
 
 
 def repo_drafters(drafter) -> list:
-    """The repository drafters in a drafter (itself or a composite's members): the caller tells them which
-    document is being completed."""
+    """The repository drafters in a drafter (itself or a composite's members); what they read of a request comes
+    with each proposal (drafters.base.RequestContext)."""
     from specdec.engine.drafters.repo import RepoDrafter
 
     members = drafter.members() if hasattr(drafter, "members") else (drafter,)

@@ -11,9 +11,10 @@ from specdec.errors import SpecdecError
 from specdec.models.commands import add_model_args
 
 
-def load_completer(args, strategy: str, repo: str | None = None, exclude: str | None = None):
-    """repo: a folder to index for the repo drafter (`repo`, `auto`); exclude: the file being completed."""
-    from specdec.backends.local import LoadSpec, build, exclude_document
+def load_completer(args, strategy: str, repo: str | None = None):
+    """repo: a folder to index for the repo drafter (`repo`, `auto`). The file being completed is the request's
+    (backends.local.request_context), not the completer's."""
+    from specdec.backends.local import LoadSpec, build
 
     index = None
     if repo and uses_repo_index(strategy):
@@ -29,7 +30,6 @@ def load_completer(args, strategy: str, repo: str | None = None, exclude: str | 
         from specdec.repository.build import build_index
 
         build_index(repo, completer.session.tokenizer, index)
-    exclude_document(completer, exclude)
     return completer
 
 
@@ -70,6 +70,7 @@ def cmd_complete(args) -> int:
 
     from pathlib import Path
 
+    from specdec.backends.local import request_context
     from specdec.repository.build import document_key
 
     check_generation_args(args)  # validate everything before the models load
@@ -84,10 +85,11 @@ def cmd_complete(args) -> int:
     if repo and not Path(repo).is_dir():
         raise SpecdecError(f"--repo {repo}: not a folder")
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
-    completer = load_completer(args, args.strategy, repo, document_key(args.file))
+    completer = load_completer(args, args.strategy, repo)
     tracing = args.trace or args.trace_json
     result = completer.complete(prefix, suffix, GenerationConfig(args.max_new_tokens, sampling, args.max_draft,
-                                                                 trace=bool(tracing)), path=args.file)
+                                                                 trace=bool(tracing)), path=args.file,
+                                request=request_context(completer, document_key(args.file)))
     if args.json:
         print(json.dumps({"text": result.text, "stats": stats_json(result)}))
     else:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.prompts import fim
+from specdec.engine.drafters.base import RequestContext
 from specdec.engine.session import Generation, GenerationConfig, Session, StopPredicate, CancelToken
 from specdec.errors import SpecdecError
 
@@ -53,9 +54,11 @@ class Completer:
 
     @classmethod
     def for_session(cls, session: Session, family: str | None = None, **budgets) -> "Completer":
+        """A completer over a session in the family's format: the session derived with the format's stop ids
+        added (the same target and cache; the session handed in is left as it was)."""
         template = fim.detect(session.tokenizer, family)
-        session.stop_token_ids = session.stop_token_ids | fim.stop_token_ids(session.tokenizer, template)
-        return cls(session, template, **budgets)
+        stops = session.stop_token_ids | fim.stop_token_ids(session.tokenizer, template)
+        return cls(session.derive(stop_token_ids=stops), template, **budgets)
 
     def prompt(self, prefix: str, suffix: str, path: str | None = None, context: str = "",
                max_new_tokens: int = 0) -> fim.FimPrompt:
@@ -94,6 +97,8 @@ class Completer:
 
     def complete(self, prefix: str, suffix: str, config: GenerationConfig, path: str | None = None,
                  stop: StopPredicate | None = None, cancel: CancelToken | None = None,
-                 context: str = "") -> Generation:
+                 context: str = "", request: RequestContext | None = None) -> Generation:
+        """context: other files' snippets for the prompt; request: what the drafters read of this request (the
+        document being completed...), drafters.base.RequestContext."""
         prompt = self.prompt(prefix, suffix, path, context, config.max_new_tokens)
-        return self.session.generate(prompt.ids, config, stop, cancel)
+        return self.session.generate(prompt.ids, config, stop, cancel, request)

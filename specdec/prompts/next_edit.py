@@ -384,19 +384,19 @@ class NextEditor:
     def for_session(cls, session, strategy: str | None = None, family: str | None = None,
                     max_draft: int | None = None, **budgets) -> "NextEditor":
         """strategy: the next-edit strategy the session's drafter was built for (strategies.next_edit_base); `edit`
-        and `auto` get the window copy in front of it (edit_window.with_edit_window, drafts up to max_draft)."""
+        and `auto` get the window copy in front of it (edit_window.with_edit_window, drafts up to max_draft). The
+        editor's session is derived from the one handed in (the same target and cache), which is left as it was."""
         from specdec.engine.drafters.edit_window import with_edit_window
         from specdec.engine.limits import MAX_DRAFT
         from specdec.engine.strategies import EDIT_WINDOW_STRATEGIES
 
         template = fim.detect(session.tokenizer, family)
         edit_markers = markers(session.tokenizer, template)  # refuses a family without a file separator
+        changes = {"stop_token_ids": session.stop_token_ids | stop_token_ids(session.tokenizer, template)}
         if strategy in EDIT_WINDOW_STRATEGIES:
-            session.drafter = with_edit_window(session.drafter, edit_markers, max_draft or MAX_DRAFT)
-        if strategy:
-            session.strategy = strategy
-        session.stop_token_ids = session.stop_token_ids | stop_token_ids(session.tokenizer, template)
-        return cls(session, template, **budgets)
+            changes["drafter"] = with_edit_window(session.drafter, edit_markers, max_draft or MAX_DRAFT)
+        changes["strategy"] = strategy or session.strategy
+        return cls(session.derive(**changes), template, **budgets)
 
     def prompt(self, text: str, line: int, path: str, history: list[Hunk] = (), context: str = "",
                max_new_tokens: int = 0) -> NextEditPrompt:

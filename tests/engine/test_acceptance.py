@@ -137,8 +137,7 @@ def test_end_to_end_two_tokens_match_plain_sampling(target, unrelated_draft, tok
         make = lambda: lookup  # noqa: E731
     else:
         make = lambda: DraftModel(unrelated_draft, DraftLength(k_max=2, adaptive=False))  # noqa: E731
-    session = Session(target, tok, make())
-    session.stop_token_ids = frozenset()  # EOS is just another token here: every run yields 3
+    session = Session(target, tok, make(), stop_on_eos=False)  # EOS is just another token here: every run yields 3
     counts = dict.fromkeys(law, 0)
     drafted = 0
     n = 1500

@@ -54,7 +54,7 @@ class RandomTrees:
     def expect(self, prompt: list[int], greedy: list[int]) -> None:
         self.prompt, self.truth = prompt, greedy
 
-    def propose(self, context, k, sampling, generator=None) -> Draft:
+    def propose(self, context, k, sampling, generator=None, request=None) -> Draft:
         truth = self.truth[len(context) - len(self.prompt):]
         n = self.rng.randint(1, k)
         keep = self.rng.randint(0, min(n, len(truth)))
@@ -254,8 +254,9 @@ def test_sampling_with_a_tree_follows_the_target(target, tok):
     prompt = tok.encode("def add(a, b):\n    return")
 
     law = three_token_law(target, prompt, config(0))
-    session = Session(target, tok, DraftTree(target, TreeLimits(budget=4, depth=2, branch=2, width=2)))
-    session.stop_token_ids = frozenset()  # every run yields three tokens
+    # no stop ids, EOS included: every run yields three tokens
+    session = Session(target, tok, DraftTree(target, TreeLimits(budget=4, depth=2, branch=2, width=2)),
+                      stop_on_eos=False)
 
     def run(seed):
         calls = []

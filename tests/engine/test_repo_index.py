@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from specdec.engine.draft_length import DraftLength
+from specdec.engine.drafters.base import RequestContext
 from specdec.engine.drafters.repo import PromptMarkers, RepoDrafter, left_context
 from specdec.engine.drafters.repo_index import Continuations, RepoIndex
 from specdec.engine.drafters.suffix_segment import SEPARATOR, left_context_order
@@ -202,9 +203,9 @@ def test_repo_drafter_drafts_the_continuation_of_the_text_before_the_cursor():
     draft = drafter.propose(prompt + [3], 4)
     assert draft.source == "repo" and draft.probs is None
     assert draft.tokens in ([4, 5, 6, 7], [40, 50])
-    drafter.exclude = "/w/this.py"
-    assert drafter.propose(prompt + [3], 4).tokens == [4, 5, 6, 7]
-    assert drafter.propose(prompt + [3, 4], 2).tokens == [5, 6]
-    assert drafter.propose([P, 8, S, M], 4).tokens == []  # one token is below min_match
-    tree = drafter.propose_tree(prompt + [3], 4, nodes=8)
+    this = RequestContext(document="/w/this.py")  # the request's: the document being completed
+    assert drafter.propose(prompt + [3], 4, request=this).tokens == [4, 5, 6, 7]
+    assert drafter.propose(prompt + [3, 4], 2, request=this).tokens == [5, 6]
+    assert drafter.propose([P, 8, S, M], 4, request=this).tokens == []  # one token is below min_match
+    tree = drafter.propose_tree(prompt + [3], 4, nodes=8, request=this)
     assert tree.tokens == [4, 5, 6, 7]

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from specdec.engine.draft_length import DraftLength
-from specdec.engine.drafters.base import Draft
+from specdec.engine.drafters.base import Draft, RequestContext
 from specdec.engine.drafters.composite import Composite
 from specdec.engine.drafters.prompt_lookup import PromptLookup
 from specdec.engine.drafters.repo import RepoDrafter
@@ -29,7 +29,7 @@ class Fixed:
     def __post_init__(self):
         self.length = DraftLength(k_max=4, draft_cost=0.0, acceptance=self.acceptance)
 
-    def propose(self, context, k, sampling=None, generator=None):
+    def propose(self, context, k, sampling=None, generator=None, request=None):
         self.asked += 1
         return Draft(list(self.tokens[:k]), None, self.name)
 
@@ -103,8 +103,8 @@ def test_repo_drafts_are_verified_like_any_other(target, unrelated_draft, tok, s
     assert out.tokens == expected
     assert out.stats.drafted_by.get("repo", 0) > 0 and out.stats.accepted_by["repo"] >= len(expected) // 2
     assert out.stats.target_passes < len(expected)
-    (repo,) = repo_drafters(session.drafter)
-    repo.exclude = "/w/point.py"  # completing that very file: its own text is not a prediction
+    assert len(repo_drafters(session.drafter)) == 1
+    this = RequestContext(document="/w/point.py")  # completing that very file: its own text is not a prediction
     session.reset()
-    out = session.generate(prompt, GenerationConfig(max_new_tokens=20, max_draft=6))
+    out = session.generate(prompt, GenerationConfig(max_new_tokens=20, max_draft=6), request=this)
     assert out.tokens == expected and "repo" not in out.stats.drafted_by

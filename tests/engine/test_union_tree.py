@@ -187,8 +187,7 @@ def test_sampling_with_the_union_follows_the_target(target, tok):
     law = three_token_law(target, prompt, config(0))
     drafter = union_drafter(target, TreeShape((ROOT, 0, ROOT, 2), (0, 0, 1, 0)))
     drafter.lookup = ThirdChoice(target)
-    session = Session(target, tok, drafter)
-    session.stop_token_ids = frozenset()  # every run yields three tokens
+    session = Session(target, tok, drafter, stop_on_eos=False)  # no stop ids: every run yields three tokens
     merged, lookup_accepted = [], []
 
     def run(seed):

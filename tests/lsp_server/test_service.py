@@ -404,6 +404,9 @@ def test_reconfiguration_waits_for_the_running_generation(tiny_pair):
     result = job.result(10)
     assert result.stop_reason in ("max_tokens", "eos") and result.stats.drafted > 0  # the engine's Generation
     host.executor.submit(lambda: None).result(10)  # the swaps were queued behind it
+    assert session.drafter is drafter  # the session that ran is left as it was: the change is a new one
+    assert host.completer.session.target is session.target  # over the same target and KV cache
+    session = host.completer.session
     assert session.drafter is None and session.strategy == "plain" and host.completer.template.family == "starcoder"
     assert (host.completer.max_suffix_tokens, host.completer.max_prefix_tokens) == (8, 256)
 

@@ -1,6 +1,8 @@
 """Next-edit prompts (specdec/prompts/next_edit.py): the exact token layout, a unified diff's hunks, the window, the
 smallest edit between two windows and the window's stop rule."""
 
+import copy
+
 import pytest
 
 from specdec.errors import SpecdecError
@@ -169,6 +171,11 @@ class FakeSession:
             None, "plain"
         self.target.capacity = capacity
 
+    def derive(self, **changes):  # Session.derive: another session over the same target
+        other = copy.copy(self)
+        other.__dict__.update(changes)
+        return other
+
 
 def test_a_small_cache_drops_the_file_block_then_the_history_then_refuses(tok):
     hunks = [Hunk("a.py", "x = 0\n" * 10, "x = 1\n" * 10)]
@@ -189,6 +196,9 @@ def test_the_session_stops_at_the_separator_and_the_drafter_finds_the_window(tok
 
     session = FakeSession(tok, 10_000)
     editor = NextEditor.for_session(session, "edit")
+    assert session.stop_token_ids == frozenset() and session.drafter is None  # handed in, left as it was
+    assert editor.session.target is session.target  # derived: the same target
+    session = editor.session
     assert tok.get_vocab()["<|file_sep|>"] in session.stop_token_ids and session.strategy == "edit"
     assert isinstance(session.drafter, EditWindow)  # no drafter behind it: the window copy alone
     prompt = editor.prompt(DOC, 20, "d.py")

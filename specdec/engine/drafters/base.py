@@ -23,6 +23,19 @@ from specdec.engine.tree import TokenTree
 from specdec.engine.tree_shape import TreeShape
 
 
+@dataclass(frozen=True)
+class RequestContext:
+    """What one request tells the drafters besides its tokens: handed down with every proposal
+    (`Session.generate(..., request=)` → `Drafter.propose(..., request=)`), never set on a drafter, so nothing of
+    one request outlives it. Most drafters ignore it; the repository drafters read it."""
+
+    document: str | None = None  # the key of the document being completed: its own text is not drafted from
+    vocabulary: object = None  # whose token ids the context is (repo_index.vocabulary_of): no match in another's
+
+
+NO_REQUEST = RequestContext()
+
+
 @dataclass
 class Draft:
     tokens: list[int]  # a tree's: its node tokens, in node order
@@ -58,8 +71,9 @@ class Drafter(Protocol):
     length: "DraftLength"  # its draft-length policy: running acceptance and cost
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
-                generator: torch.Generator | None = None) -> Draft:
-        """Up to k tokens; the drafter's own DraftLength may choose fewer."""
+                generator: torch.Generator | None = None, request: RequestContext = NO_REQUEST) -> Draft:
+        """Up to k tokens; the drafter's own DraftLength may choose fewer. request: the request's context (the
+        document being completed...), as the session was handed it; most drafters ignore it."""
 
     def observe(self, draft: Draft, accepted: int, draft_seconds: float, target_pass_seconds: float) -> None:
         """Feedback after verification, for adaptive draft length.

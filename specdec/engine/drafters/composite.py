@@ -26,12 +26,13 @@ class Composite:
         self.name = "+".join(m.name for m in members)
         self._priors = [m.length.acceptance for m in members]
 
-    def propose(self, context, k, sampling, generator=None) -> Draft:
+    def propose(self, context, k, sampling, generator=None, request=None) -> Draft:
+        """request: the request's context, handed to the member asked."""
         values = [m.length.value(k) for m in self._members]
         ranked = sorted(range(len(self._members)), key=lambda i: -values[i])  # stable: ties keep member order
         draft = Draft([], None, self._members[ranked[-1]].name)
         for place, i in enumerate(ranked):
-            draft = self._members[i].propose(context, k, sampling, generator)
+            draft = self._members[i].propose(context, k, sampling, generator, request=request)
             if draft.tokens:
                 for j in ranked[place + 1 :]:
                     if j < i:

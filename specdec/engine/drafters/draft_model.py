@@ -49,7 +49,7 @@ class DraftModel:
         return reused, computed
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
-                generator: torch.Generator | None = None) -> Draft:
+                generator: torch.Generator | None = None, request=None) -> Draft:
         k = self.length.next_k(k)
         if k <= 0:
             return Draft([], None, self.name)

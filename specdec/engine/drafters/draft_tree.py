@@ -97,11 +97,11 @@ class DraftTree(DraftModel):
         return level_seconds / levels if levels else 0.0
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator | None = None,
-                *, limits: TreeLimits | None = None, shape: TreeShape | None = None) -> Draft:
+                *, limits: TreeLimits | None = None, shape: TreeShape | None = None, request=None) -> Draft:
         """A tree of at most k nodes: `shape` (this call's, else self.shape) cut to its first k
         nodes, or else grown within `limits` (this call's, else self.limits).
 
-        No randomness is drawn: children are top-k, so `generator` is unused.
+        No randomness is drawn: children are top-k, so `generator` is unused; so is `request`.
         """
         shape = shape if shape is not None else self.shape
         if shape is None and limits is None and self.planner is not None:

@@ -119,7 +119,7 @@ class EditWindow:
                     return end, 1
         return None
 
-    def propose(self, context: list[int], k: int, sampling=None, generator=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampling=None, generator=None, request=None) -> Draft:
         at = self.aligned(context) if self.window else None
         if at is None or at >= len(self.window):
             return Draft([], None, self.name)

@@ -20,7 +20,7 @@ class PromptLookup:
     name: str = "lookup"
     length: DraftLength = field(default_factory=lambda: DraftLength(k_max=10, draft_cost=0.0, acceptance=0.5))
 
-    def propose(self, context: list[int], k: int, sampling=None, generator=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampling=None, generator=None, request=None) -> Draft:
         k = self.length.next_k(min(k, self.max_continuation))
         if k <= 0:
             return Draft([], None, self.name)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec.engine.draft_length import DraftLength
-from specdec.engine.drafters.base import Draft
+from specdec.engine.drafters.base import NO_REQUEST, Draft, RequestContext
 from specdec.engine.drafters.repo_index import RepoIndex
 
 
@@ -56,26 +56,27 @@ class RepoDrafter:
     min_match: int = 2  # a shorter match is mostly noise in a whole repository
     min_probability: float = 0.2  # stop the chain where its path's frequency falls below this
     markers: PromptMarkers | None = None
-    exclude: str | None = None  # key of the document being completed: its own tail is not a prediction
-    vocabulary: object = None  # repo_index.vocabulary_of the session's tokenizer: no match in another's index
     name: str = "repo"
     length: DraftLength = field(default_factory=lambda: DraftLength(k_max=8, draft_cost=0.0, acceptance=0.5))
 
-    def propose(self, context: list[int], k: int, sampling=None, generator=None) -> Draft:
+    def propose(self, context: list[int], k: int, sampling=None, generator=None,
+                request: RequestContext | None = None) -> Draft:
+        """request: the document being completed (its own tail is not a prediction: skipped) and whose token ids
+        the context is (no match in another tokenizer's index)."""
         k = self.length.next_k(k)
-        found = self._lookup(context, k) if k > 0 else None
+        found = self._lookup(context, k, request or NO_REQUEST) if k > 0 else None
         tokens = found.chain(k, self.min_probability)[0] if found else []
         return Draft(tokens, None, self.name)
 
-    def propose_tree(self, context: list[int], k: int, nodes: int):
+    def propose_tree(self, context: list[int], k: int, nodes: int, request: RequestContext | None = None):
         """The continuations as a TokenTree (deterministic children, most frequent first), <= nodes nodes and
         <= k deep; None without a match. For tree speculation; `propose` gives its best chain."""
-        found = self._lookup(context, k) if k > 0 and nodes > 0 else None
+        found = self._lookup(context, k, request or NO_REQUEST) if k > 0 and nodes > 0 else None
         return found.tree(k, nodes, self.min_probability) if found else None
 
-    def _lookup(self, context: list[int], k: int):
-        return self.index.query(left_context(context, self.markers, self.index.depth), self.exclude,
-                                self.min_match, horizon=k, vocabulary=self.vocabulary)
+    def _lookup(self, context: list[int], k: int, request: RequestContext):
+        return self.index.query(left_context(context, self.markers, self.index.depth), request.document or None,
+                                self.min_match, horizon=k, vocabulary=request.vocabulary)
 
     def observe(self, draft: Draft, accepted: int, draft_seconds: float, target_pass_seconds: float) -> None:
         self.length.observe(len(draft.tokens), accepted, draft_seconds, target_pass_seconds)  # a lookup's cost is measured

@@ -46,8 +46,9 @@ class UnionTree:
         self._pending: tuple[Draft, TokenTree] | None = None  # the model's draft and the merged tree
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
-                generator: torch.Generator | None = None) -> Draft:
-        """At most min(k, the plan's size) nodes. No randomness is drawn (every source is deterministic)."""
+                generator: torch.Generator | None = None, request=None) -> Draft:
+        """At most min(k, the plan's size) nodes. No randomness is drawn (every source is deterministic).
+        request: the request's context, for the repository drafter."""
         self._pending = None
         shape = self.planner.plan(k)
         budget = len(shape)
@@ -59,7 +60,7 @@ class UnionTree:
             trees.append(self.lookup.propose_tree(context, budget))
             names.append(self.lookup.name)
         if self.repo is not None:
-            found = self.repo.propose_tree(context, budget, budget)
+            found = self.repo.propose_tree(context, budget, budget, request)
             if found is not None:
                 trees.append(found)
                 names.append(self.repo.name)
