@@ -112,7 +112,8 @@ class ModelHost(LocalBackend):
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
         asked = self.repository_context(backend_request(request, settings))
-        result = self.complete(asked, syntax.stop_predicate(ctx), cancel)
+        # the adapter the scheduler resolved for the request (and attributed it to), not looked up again
+        result = self.complete(asked, syntax.stop_predicate(ctx), cancel, request.resolved_adapter)
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
 

@@ -27,7 +27,7 @@ from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.online import OnlineAdaptation
 from lsp_server.settings import Settings
 from lsp_server.traces import TraceStore
-from specdec.backends.base import CompletionRequest
+from specdec.backends.base import UNRESOLVED, CompletionRequest
 from specdec.completion import syntax
 
 log = logging.getLogger("specdec.server")
@@ -48,6 +48,8 @@ class EditorRequest:
     invoked: bool = False  # explicitly asked for (not automatic on typing)
     received: float = field(default_factory=time.perf_counter)
     adapter: str = ""  # name@version of the workspace's draft adapter, "" for the base draft
+    # what the host's adapter_for returned for it (None: the base draft), looked up once: the host drafts with it
+    resolved_adapter: object = field(default=UNRESOLVED, repr=False)
 
     @classmethod
     def at(cls, uri: str, language: str, workspace: str, prefix: str, suffix: str, invoked: bool = False,
@@ -182,7 +184,7 @@ class CompletionService:
         if not settings.language_enabled(request.completion.language):
             return None
         adapter = self.host.adapter_for(request.completion.workspace)  # hits are attributed to it, not the last run's
-        request.adapter = adapter.name if adapter else ""
+        request.adapter, request.resolved_adapter = (adapter.name if adapter else ""), adapter
         text = self._typeahead(request)
         if text is not None:
             return self._finish(request, text, "typeahead")
