@@ -95,3 +95,18 @@ def native_model(seed: int = 0, layers: int = 2, tied: bool = False, dense: bool
 
     path = _cached_gguf(seed, layers, tied, arch, rope_scale)
     return NativeModel(Qwen2(read_qwen2(path, dense=dense)), capacity, cache_dtype=cache_dtype)
+
+
+def plain_greedy(model, prompt: list[int], n: int, stops) -> list[int]:
+    """Token by token on a fresh cache of a NativeModel, argmax each step, up to a stop token: what every
+    speculative strategy's greedy output must equal."""
+    lm = model.new_cached_lm()
+    logits = lm.extend(prompt)[-1]
+    out = []
+    for _ in range(n):
+        token = int(torch.argmax(logits))
+        if token in stops:
+            break
+        out.append(token)
+        logits = lm.extend([token])[-1]
+    return out

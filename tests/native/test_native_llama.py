@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from native_models import LLAMA_SCALE, VOCAB, _cached_gguf, hf_llama_model, kernels_or_skip, native_model, write
+from native_models import (LLAMA_SCALE, VOCAB, _cached_gguf, hf_llama_model, kernels_or_skip, native_model,
+                           plain_greedy, write)
 
 import tiny
 from gguf_files import llama_permute
@@ -135,19 +136,6 @@ def test_the_tokenizer_from_the_gguf_keeps_deepseeks_fim_tokens(deepseek_gguf):
     text = "<｜fim▁begin｜>def add(a, b):\n    return a<｜fim▁hole｜>\n<｜fim▁end｜>"
     assert restored.encode(text, add_special_tokens=False) == original.encode(text, add_special_tokens=False)
     assert restored.eos_token == "<｜end▁of▁sentence｜>" and restored.eos_token_id == 0
-
-
-def plain_greedy(model, prompt: list[int], n: int, stops: set[int]) -> list[int]:
-    lm = model.new_cached_lm()
-    logits = lm.extend(prompt)[-1]
-    out = []
-    for _ in range(n):
-        token = int(torch.argmax(logits))
-        if token in stops:
-            break
-        out.append(token)
-        logits = lm.extend([token])[-1]
-    return out
 
 
 @pytest.mark.parametrize("strategy", ["lookup", "tree"])

@@ -6,8 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
-from native_models import ARCHS, VOCAB, kernels_or_skip, native_model
+from native_models import ARCHS, VOCAB, kernels_or_skip, native_model, plain_greedy
 
 import tiny
 
@@ -28,20 +27,6 @@ def draft(request):
     if request.param == "native-draft":
         return native_model(seed=1, layers=1, capacity=1024)
     return tiny.model(seed=2, layers=1, hidden=32, vocab_size=VOCAB)
-
-
-def plain_greedy(target, prompt: list[int], n: int, stops) -> list[int]:
-    """Token by token on a fresh cache, argmax each step, up to a stop token."""
-    lm = target.new_cached_lm()
-    logits = lm.extend(prompt)[-1]
-    out = []
-    for _ in range(n):
-        token = int(torch.argmax(logits))
-        if token in stops:
-            break
-        out.append(token)
-        logits = lm.extend([token])[-1]
-    return out
 
 
 @pytest.mark.parametrize("strategy", ["edit", "auto", "plain"])
