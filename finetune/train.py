@@ -2,9 +2,12 @@
 
 Objectives: `lm` (cross-entropy on the code), `distill` (DistillSpec: KL from the target's
 next-token distribution to the draft's on the same text: acceptance is what it raises),
-or `mixed`. With `quant` the LoRA is fitted over the int8 draft the server runs (specdec.models.int8),
+or `mixed`. The target is a frozen teacher: a transformers module, or the native forward on
+its GGUF's codes (NativeTeacher: what the server verifies with, a sixth of an fp32 copy's memory).
+With `quant` the LoRA is fitted over the int8 draft the server runs (specdec.models.int8),
 so it corrects that draft, not an fp32 one nobody serves. Budgets in steps, minutes and
-tokens. A checkpoint (adapter, optimizer, step, RNG) is written atomically every few steps
+tokens, and a deadline (the whole command's: specdec_finetune.budget) past which no step starts.
+A checkpoint (adapter, optimizer, step, RNG) is written atomically every few steps
 and on Ctrl-C, so a run resumes where it stopped and nothing half-written is ever left behind.
 """
 
@@ -149,32 +152,124 @@ def output_logits(model, ids, mask, vocab: Vocabulary | None) -> torch.Tensor:
     return logits if head.bias is None else logits + head.bias[rows]
 
 
+def output_width(model) -> int:
+    """The width of a model's output layer: a transformers module's, or a native model's vocabulary."""
+    if is_native(model):
+        return model.model.config.vocab
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def is_native(model) -> bool:
+    """Weights that make caches of their own (specdec.native.lm.NativeModel), not a transformers module."""
+    return callable(getattr(model, "new_cached_lm", None))
+
+
+class NativeTeacher:
+    """The target's next-token logits from the native forward (specdec.native: the GGUF's own int4 codes, as the
+    server verifies with), for a batch of padded rows: each row prefilled alone into one cache of the samples'
+    length (a row's logits do not depend on the rows beside it), zeros at the padding (the losses mask it)."""
+
+    def __init__(self, model, length: int):
+        from specdec.native.lm import NativeLM
+
+        self.lm = NativeLM(model.model, capacity=length, tree_room=1, cache_dtype=model.cache_dtype)
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, vocab: "Vocabulary | None") -> torch.Tensor:
+        out = None
+        for i, row in enumerate(ids.tolist()):
+            n = int(mask[i].sum())
+            if n == 0:
+                continue
+            self.lm.reset()
+            logits = self.lm.extend(row[:n])  # f32[n, V]
+            if vocab is not None:
+                logits = logits[:, vocab.ids]
+            if len(ids) == 1 and n == ids.shape[1]:  # one unpadded row (a CPU step's): the logits as they are
+                return logits[None].to(ids.device)
+            if out is None:
+                out = torch.zeros(*ids.shape, logits.shape[-1])
+            out[i, :n] = logits
+            del logits
+        return out.to(ids.device)
+
+
 def loss_fn(draft_logits, labels, mask, target_logits, objective: str) -> torch.Tensor:
     """Mean over real next-token positions of CE on the code (lm), KL(p_target || q_draft) (distill),
     both (mixed), CE on the target's own top token (argmax: hard distillation, which is what a
     greedy verifier counts), or the total variation distance (tvd, another of DistillSpec's
     divergences: 1 - TVD is exactly the chance min(1, p/q) acceptance keeps a sampled draft token).
     `labels` are the ids in the logits' own vocabulary (see Vocabulary.labels)."""
-    logits = draft_logits[:, :-1].float()
     valid = mask[:, 1:].bool()
-    losses = []
+    sums = loss_sums(draft_logits[:, :-1], labels[:, 1:], valid,
+                     None if target_logits is None else target_logits[:, :-1], objective)
+    count = valid.sum()
+    return sum(part / count for part in sums) / len(sums)
+
+
+def loss_sums(logits, labels, valid, target_logits, objective: str) -> list[torch.Tensor]:
+    """loss_fn's terms (one, or two for mixed), each summed over the valid positions: logits [B, n, V] at the
+    positions that predict labels [B, n] (valid [B, n]: not padding), target_logits [B, n, V'] at the same ones."""
+    logits = logits.float()
+    sums = []
     if objective in ("lm", "mixed"):
-        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="none")
-        losses.append(ce[valid].mean())
+        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+        sums.append(ce[valid].sum())
     if objective in ("distill", "mixed", "argmax", "tvd"):
         vocab = min(logits.shape[-1], target_logits.shape[-1])
-        logits, target = logits[..., :vocab], target_logits[:, :-1, :vocab].float()
+        logits, target = logits[..., :vocab], target_logits[..., :vocab].float()
     if objective in ("distill", "mixed"):
         log_q, log_p = logits.log_softmax(-1), target.log_softmax(-1)
         kl = (log_p.exp() * (log_p - log_q)).sum(-1)
-        losses.append(kl[valid].mean())
+        sums.append(kl[valid].sum())
     if objective == "argmax":
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target.argmax(-1), reduction="none")
-        losses.append(ce[valid].mean())
+        sums.append(ce[valid].sum())
     if objective == "tvd":
         tvd = 0.5 * (target.softmax(-1) - logits.softmax(-1)).abs().sum(-1)
-        losses.append(tvd[valid].mean())
-    return sum(losses) / len(losses)
+        sums.append(tvd[valid].sum())
+    return sums
+
+
+LOSS_CHUNK = 32  # positions of a batch whose full-vocabulary logits exist at once in a training step
+
+
+def step_backward(model, ids, mask, vocab: Vocabulary | None, target_logits, objective: str, autocast,
+                  backward, chunk: int = LOSS_CHUNK, count: int | None = None) -> torch.Tensor:
+    """One step's loss (loss_fn over output_logits) and its gradients, the output layer and the loss a chunk of
+    positions at a time: the decoder runs once; each chunk's logits are made, scored, back-propagated to the hidden
+    states and freed; then the hidden states' gradient goes back through the decoder. The same loss and gradients
+    (up to the order of the sums), without the several [batch, length, vocabulary] tensors a whole-batch loss
+    holds (2 x 384 x 151,936 floats each: 0.47 GB). autocast: a context manager for the forward; backward(loss).
+    count: the positions the loss is a mean over (None: these rows'; a batch's when its rows come one call each,
+    whose losses and gradients then add up to the batch's)."""
+    labels = vocab.labels(ids) if vocab else ids
+    valid = mask[:, 1:].bool()
+    with autocast():
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    cut = hidden.detach().requires_grad_()
+    head = model.get_output_embeddings()
+    rows = None if vocab is None else vocab.ids.to(hidden.device)
+    count = valid.sum().clamp(min=1) if count is None else max(1, count)
+    terms = 2 if objective == "mixed" else 1
+    total = torch.zeros((), device=hidden.device)
+    for start in range(0, ids.shape[1] - 1, chunk):
+        end = min(ids.shape[1] - 1, start + chunk)
+        with autocast():
+            part = cut[:, start:end]
+            if rows is None:
+                logits = head(part)
+            else:
+                logits = part @ head.weight[rows].to(part.dtype).T
+                logits = logits if head.bias is None else logits + head.bias[rows]
+            sums = loss_sums(logits, labels[:, start + 1 : end + 1], valid[:, start:end],
+                             None if target_logits is None else target_logits[:, start:end], objective)
+            loss = sum(sums) / (count * terms)
+        backward(loss)
+        total += loss.detach()
+        del logits, sums, loss
+    if cut.grad is not None:
+        hidden.backward(cut.grad)
+    return total
 
 
 def _bf16_exact(model) -> bool:
@@ -215,10 +310,12 @@ def load_checkpoint_state(workdir: Path, config: TrainConfig) -> dict | None:
 
 
 def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfig, workdir: Path,
-          progress: bool = True, on_step=None, device: str | None = None) -> tuple[object, TrainResult]:
-    """Returns (peft model with the adapter, result). `target` may be None for the `lm` objective.
-    device: where to train (None: CUDA if there is one, else the CPU); it decides the precision
-    (precision.train_precision)."""
+          progress: bool = True, on_step=None, device: str | None = None, deadline: float | None = None,
+          clock=time.monotonic) -> tuple[object, TrainResult]:
+    """Returns (peft model with the adapter, result). `target` may be None for the `lm` objective; a native model
+    (specdec.native.lm.NativeModel) teaches through NativeTeacher. device: where to train (None: CUDA if there is
+    one, else the CPU); it decides the precision (precision.train_precision). deadline: a clock() value no step
+    starts past if the steps so far say it would end after it (stopped_by "minutes", as config.max_minutes)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -258,11 +355,21 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         if param.requires_grad:  # the adapter: fp32 whatever the base (peft's default too, made explicit)
             param.data = param.data.to(plan.lora_dtype)
     swapped = swap_int8(model, plan.quant) if plan.quant != "none" else []
+    for parent, name, original in swapped:  # backward reads the float weights kept to put back, not a second copy
+        getattr(parent, name).backward_through(original.weight)
+    # a CPU step takes one sample at a time (the activations, logits and teacher logits of one row, not of the
+    # batch: the same gradients, summed) and keeps only each decoder layer's input for the backward, recomputing
+    # the rest (1.5 GB of activations for a 384-token row of the 0.5B in fp32, for one more decoder forward); a
+    # GPU the whole batch, every activation kept
+    per_pass = config.batch_size if plan.on_cuda else 1
+    recompute = not plan.on_cuda and getattr(draft, "supports_gradient_checkpointing", False)
+    if recompute:
+        draft.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     vocab = None
     if config.vocab == "repo":
         size = draft.get_output_embeddings().weight.shape[0]
         if target is not None:
-            size = min(size, target.get_output_embeddings().weight.shape[0])
+            size = min(size, output_width(target))
         vocab = Vocabulary.of(samples, tokenizer, size)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     if state:
@@ -270,55 +377,69 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         optimizer.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["rng"])
     model, optimizer = accelerator.prepare(model, optimizer)
-    if target is not None:
-        target.eval()
+    teacher = None
+    if target is not None and config.objective != "lm":
+        if is_native(target):
+            teacher = NativeTeacher(target, max(len(s) for s in samples))
+        else:
+            target.eval()
+            teacher = lambda ids, mask, vocab: output_logits(target, ids, mask, vocab)  # noqa: E731
     pad_id = pad_token_id(tokenizer)
     step, tokens = (state["step"], state["tokens"]) if state else (0, 0)
     elapsed = state["seconds"] if state else 0.0
     result = TrainResult(step, tokens, elapsed, resumed_from=step)
     batches = length_bucketed_batches(samples, config.batch_size, config.seed)
-    started = time.monotonic() - elapsed
+    started = clock() - elapsed
+    run_started = clock()  # this run's own steps (not a resumed run's) time a step
 
     def checkpoint():
         _save_checkpoint(accelerator.unwrap_model(model), optimizer,
-                         {"step": step, "tokens": tokens, "seconds": time.monotonic() - started,
+                         {"step": step, "tokens": tokens, "seconds": clock() - started,
                           "fingerprint": config.fingerprint(), "losses": result.losses[-50:]}, workdir)
 
     bar = tqdm(total=config.max_steps, initial=step, desc="finetune", unit="step", disable=not progress)
     model.train()
     try:
         while True:
-            minutes = (time.monotonic() - started) / 60
+            now = clock()
+            minutes = (now - started) / 60
+            per_step = (now - run_started) / (step - result.resumed_from) if step > result.resumed_from else 0.0
             if step >= config.max_steps:
                 result.stopped_by = "steps"
                 break
-            if minutes >= config.max_minutes:
+            if minutes >= config.max_minutes or (deadline is not None and now + per_step > deadline):
                 result.stopped_by = "minutes"
                 break
             if config.max_tokens and tokens >= config.max_tokens:
                 result.stopped_by = "tokens"
                 break
-            ids, mask = collate([samples[i] for i in batches[step % len(batches)]], pad_id)
-            ids, mask = ids.to(accelerator.device), mask.to(accelerator.device)
-            target_logits = None
-            if target is not None and config.objective != "lm":
-                with torch.no_grad():
-                    target_logits = output_logits(target, ids, mask, vocab)
-            with accelerator.autocast():
-                logits = output_logits(accelerator.unwrap_model(model), ids, mask, vocab)
-                loss = loss_fn(logits, vocab.labels(ids) if vocab else ids, mask, target_logits, config.objective)
-            accelerator.backward(loss)
+            batch = [samples[i] for i in batches[step % len(batches)]]
+            count = sum(max(0, len(row) - 1) for row in batch)  # the batch's next-token positions
+            loss = 0.0
+            for part in range(0, len(batch), per_pass):
+                ids, mask = collate(batch[part : part + per_pass], pad_id)
+                ids, mask = ids.to(accelerator.device), mask.to(accelerator.device)
+                target_logits = None
+                if teacher is not None:
+                    with torch.no_grad():
+                        target_logits = teacher(ids, mask, vocab)
+                loss = loss + step_backward(accelerator.unwrap_model(model), ids, mask, vocab, target_logits,
+                                            config.objective, accelerator.autocast, accelerator.backward,
+                                            count=count)
+                del target_logits
             optimizer.step()
             optimizer.zero_grad()
             step += 1
-            tokens += int(mask.sum())
+            tokens += sum(len(row) for row in batch)
             loss = loss.detach().item()
             result.losses.append(loss)
-            spent = max(1e-6, time.monotonic() - started)
+            spent = max(1e-6, clock() - started)
             per_step = spent / max(1, step - result.resumed_from)
             left = min((config.max_steps - step) * per_step, config.max_minutes * 60 - spent)
             if config.max_tokens:
                 left = min(left, (config.max_tokens - tokens) / max(1e-6, tokens / spent))
+            if deadline is not None:
+                left = min(left, deadline - clock())
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens / spent:.0f}",
                             eta=f"{int(max(0, left)) // 60}:{int(max(0, left)) % 60:02d}")
             bar.update()
@@ -332,6 +453,8 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
         bar.close()
         raise
     finally:
+        if recompute:
+            draft.activation_checkpointing_disable()
         for parent, name, original in swapped:  # the caller's draft as it was: the adapter merges into these
             setattr(parent, name, original)
         if held:
@@ -341,6 +464,6 @@ def train(draft, target, tokenizer, samples: list[list[int]], config: TrainConfi
     bar.close()
     checkpoint()
     model.eval()
-    result.steps, result.tokens, result.seconds = step, tokens, time.monotonic() - started
+    result.steps, result.tokens, result.seconds = step, tokens, clock() - started
     # without accelerate's autocast wrapper on forward: the caller measures and serves the draft as it is
     return accelerator.unwrap_model(model, keep_fp32_wrapper=False), result
