@@ -119,8 +119,12 @@ def return_large_frees() -> None:
 
 
 def release_freed_memory() -> None:
-    """Hand the heap's freed pages back to the system (glibc's malloc_trim): dequantizing the draft frees ~1 GB of
-    temporaries that the allocator would otherwise keep, counted in the RSS until the process ends."""
+    """Collect what only cycles still hold, then hand the heap's freed pages back to the system (glibc's
+    malloc_trim): dequantizing the draft frees ~1 GB of temporaries that the allocator would otherwise keep,
+    counted in the RSS until the process ends."""
+    import gc
+
+    gc.collect()
     try:
         import ctypes
 

@@ -70,7 +70,8 @@ def finetune_repo(args, report=print, on_step=None, clock=None, spent: float = 0
     process's start, imports and parser)."""
     import time
 
-    from specdec_finetune.budget import Budget, peak_rss_bytes, peak_rss_line, return_large_frees
+    from specdec_finetune.budget import (Budget, peak_rss_bytes, peak_rss_line, release_freed_memory,
+                                         return_large_frees)
 
     budget = Budget(args.max_minutes * 60, clock or time.monotonic, spent=spent)
     return_large_frees()
@@ -132,6 +133,9 @@ def finetune_repo(args, report=print, on_step=None, clock=None, spent: float = 0
         if result.steps:
             with budget.phase("after_eval"):
                 model.save_pretrained(tmp)
+                if models.load_served is not None:  # measured on the native draft: the trainable one is done
+                    model = draft.model = None
+                    release_freed_memory()
                 try:  # the same holes, as many as the deadline leaves room for
                     after = measure(target.model, served_draft(models, config.quant, model, Path(tmp)), tokenizer,
                                     holes, args.eval_tokens, sampling=sampling, clock=budget.clock,
