@@ -71,6 +71,15 @@ class Int8Linear(torch.nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("weight", torch.empty(0, dtype=torch.float32), persistent=False)
 
+    def backward_through(self, weight: torch.Tensor) -> None:
+        """Let backward read `weight`, the float weights this layer was quantized from (training keeps them to put
+        back), instead of making and keeping a float copy of the int8 codes: the same straight-through gradient up
+        to the codes' rounding, without a second float copy of the draft (2 GB for the 0.5B in fp32). Where W8A8
+        computes every call, fbgemm's copy of the codes is then read by nothing and is dropped."""
+        object.__setattr__(self, "_dequantized", weight.detach())
+        if self._w8a8 is not None:
+            object.__setattr__(self, "_inner", None)
+
     def dequantized(self) -> torch.Tensor:
         """The int8 weight as a float matrix, made on the first backward and kept (training only)."""
         if self._dequantized is None:
