@@ -13,7 +13,7 @@ from specdec.cli import main
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+    return tiny.saved_pair(root)
 
 
 @pytest.fixture

@@ -63,3 +63,8 @@ def save(tmp_path, seed: int = 0, name: str = "tiny", **kwargs):
     model(seed, **kwargs).save_pretrained(path)
     tokenizer().save_pretrained(path)
     return path
+
+
+def saved_pair(root):
+    """(target dir, draft dir): the tests' usual tiny pair saved under `root` (a 1-layer, 32-wide draft)."""
+    return save(root, seed=1, name="target"), save(root, seed=2, name="draft", layers=1, hidden=32)

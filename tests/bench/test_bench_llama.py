@@ -143,7 +143,7 @@ def tiny_models(tmp_path_factory):
     import tiny
 
     root = tmp_path_factory.mktemp("models")
-    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+    return tiny.saved_pair(root)
 
 
 @pytest.mark.parametrize("always", [False, True], ids=["repack-off-works", "always-dies"])

@@ -16,7 +16,7 @@ SOURCE = "def add(a, b):\n    \n\nprint(add(1, 2))\n"
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+    return tiny.saved_pair(root)
 
 
 @pytest.fixture

@@ -166,7 +166,7 @@ def test_recover_id():
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+    return tiny.saved_pair(root)
 
 
 def options(model_dirs, **extra) -> dict:

@@ -19,7 +19,7 @@ from specdec.repository.build import document_key
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+    return tiny.saved_pair(root)
 
 
 async def wait_for(client, predicate, timeout=120.0) -> dict:  # a ceiling: the test waits on the reported state

@@ -363,7 +363,7 @@ def tiny_pair(tmp_path_factory):
     import tiny
 
     root = tmp_path_factory.mktemp("models")
-    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+    return tiny.saved_pair(root)
 
 
 def loaded_host(tiny_pair, **options):

@@ -15,7 +15,7 @@ HISTORY = ("--- a/demo.py\n+++ b/demo.py\n@@ -1,2 +1,2 @@\n def total(items):\n-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return tiny.save(root, seed=1, name="target"), tiny.save(root, seed=2, name="draft", layers=1, hidden=32)
+    return tiny.saved_pair(root)
 
 
 @pytest.fixture
