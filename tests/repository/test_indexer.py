@@ -165,6 +165,7 @@ def test_no_query_drafts_from_the_other_tokenizer_while_a_switch_rebuilds(tmp_pa
 def test_the_stamp_is_refused_by_a_drafter_of_another_tokenizer(tok):
     import tiny
 
+    from specdec.engine.drafters.base import RequestContext
     from specdec.engine.drafters.repo import RepoDrafter
 
     index = RepoIndex()
@@ -172,9 +173,10 @@ def test_the_stamp_is_refused_by_a_drafter_of_another_tokenizer(tok):
     text = "def handler_1(quux_1):\n    zorblax.frobnicate(quux_1, wibble=3)\n"
     assert index.add_many([("a.py", ids(tok, text))], vocabulary=vocabulary_of(tok)) == [True]
     context = ids(tok, "def handler_1(quux_1):\n    zorblax.frob")
-    assert RepoDrafter(index, vocabulary=vocabulary_of(tok)).propose(context, 4).tokens
-    other = vocabulary_of(tiny.tokenizer(vocab_size=300))
-    assert RepoDrafter(index, vocabulary=other).propose(context, 4).tokens == []
+    ours = RequestContext(vocabulary=vocabulary_of(tok))
+    assert RepoDrafter(index).propose(context, 4, request=ours).tokens
+    other = RequestContext(vocabulary=vocabulary_of(tiny.tokenizer(vocab_size=300)))
+    assert RepoDrafter(index).propose(context, 4, request=other).tokens == []
 
 
 def test_an_accepted_completion_is_indexed_only_where_its_document_would_be(tmp_path, tok, indexer):
