@@ -1,7 +1,8 @@
 """`specdec` console script: one entry point, one subcommand per job, each registered by its own wing.
 
-The core registers `models`, `complete` and `next-edit`; packages that build on specdec (the server, fine-tuning,
-adapters, the benchmarks) add theirs through the `specdec.commands` entry points. Heavy imports
+The core registers `models` (the models wing's) and `complete` and `next-edit` (this package's: a cursor in a file
+through a backend and the completion policy, on top of every wing); packages that build on specdec (the server,
+fine-tuning, adapters, the benchmarks) add theirs through the `specdec.commands` entry points. Heavy imports
 (torch, transformers) happen inside the subcommands that need them, so `specdec --help` and the
 LSP server's `initialize` stay fast.
 """
@@ -12,10 +13,9 @@ import argparse
 import sys
 from importlib.metadata import entry_points
 
+from specdec.cli import complete, next_edit
 from specdec.errors import SpecdecError
 from specdec.models import commands as models
-from specdec.prompts import commands as complete
-from specdec.prompts import next_edit_commands as next_edit
 
 PLUGIN_GROUP = "specdec.commands"  # entry points: fn(subparsers) adding subcommands
 
@@ -41,7 +41,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specdec: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

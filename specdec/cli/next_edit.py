@@ -15,7 +15,7 @@ def cmd_next_edit(args) -> int:
     from specdec.engine.sampling import SamplingConfig
     from specdec.engine.session import GenerationConfig
     from specdec.engine.strategies import next_edit_base
-    from specdec.prompts.commands import check_generation_args, check_trace_json, load_completer, stats_json, \
+    from specdec.cli.complete import check_generation_args, check_trace_json, load_completer, stats_json, \
         write_trace
     from specdec.prompts.completion import read_source, split_at
     from specdec.prompts.next_edit import NextEditor, read_history

@@ -37,7 +37,7 @@ def test_the_json_object_and_every_strategy_writes_the_same_window(capsys, model
     from types import SimpleNamespace
 
     from specdec.engine.session import GenerationStats
-    from specdec.prompts.commands import stats_json
+    from specdec.cli.complete import stats_json
 
     complete_keys = set(stats_json(SimpleNamespace(stats=GenerationStats(), stop_reason="eos")))
     target, draft = models
