@@ -55,6 +55,9 @@ def register(sub) -> None:
     p.add_argument("--max-draft", type=int, default=8)
     p.add_argument("--max-prefix-tokens", type=int, default=512)
     p.add_argument("--max-suffix-tokens", type=int, default=128)
+    p.add_argument("--fim-order", choices=("", "psm", "spm"), default="",
+                   help="--humaneval and --editor: the prompt's section order (the server's fimOrder; "
+                        "default: the family's own)")
     p.add_argument("--draft-suffix-tokens", type=draft_suffix_tokens, default=DRAFT_SUFFIX_TOKENS,
                    help="FIM suffix tokens the draft model reads (the target reads all); 'all' for the whole "
                         f"suffix (default {DRAFT_SUFFIX_TOKENS}; docs/benchmarks.md, Round 3)")

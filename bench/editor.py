@@ -277,6 +277,8 @@ def server_options(args) -> dict:
         options["targetQuant"] = args.target_quant
     if getattr(args, "forward", None):
         options["forward"] = args.forward
+    if getattr(args, "fim_order", None):
+        options["fimOrder"] = args.fim_order
     return options
 
 

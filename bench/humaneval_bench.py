@@ -163,7 +163,8 @@ def server_settings(args, strategies: list[str]) -> Settings:
         return Settings().update({"target": args.target, "draft": args.draft or "", "dtype": args.dtype,
                                   "draft_quant": args.draft_quant, "target_quant": args.target_quant,
                                   "int4_kernel": args.int4_kernel, "forward": getattr(args, "forward", "auto"),
-                                  "max_draft": args.max_draft, "strategy": base, "adapters": False})
+                                  "max_draft": args.max_draft, "strategy": base, "adapters": False,
+                                  "fim_order": getattr(args, "fim_order", "")})
     except SettingsError as exc:
         raise SpecdecError(str(exc)) from None
 

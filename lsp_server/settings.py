@@ -18,7 +18,7 @@ from specdec.backends.base import engine_problem, url_problem
 from specdec.backends.remote.cli import ENGINES
 from specdec.backends.remote.http import Bounds
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from specdec.prompts.fim import TEMPLATES
+from specdec.prompts.fim import ORDERS, TEMPLATES
 from specdec.engine.limits import MAX_DRAFT, MAX_NEW_TOKENS, REPO_INDEX_MAX_TOKENS, REPO_INDEX_TOKENS_LIMIT
 from specdec.models.choices import DRAFT_QUANT, DTYPES, FORWARDS, INT4_KERNELS, TARGET_QUANT
 from specdec.engine.strategies import STRATEGIES
@@ -120,6 +120,12 @@ class Settings:
     fim_family: str = setting("", "Fill-in-the-middle prompt format; empty to detect it from the tokenizer. "
                               "A change rebuilds the prompt without a reload.",
                               choices=FIM_FAMILIES, choice_docs={"": "Detect it from the tokenizer."})
+    fim_order: str = setting("", "The prompt's section order: spm (suffix first) keeps the text after the cursor "
+                             "cached while you type, so a keystroke prefills only its own tokens; psm (prefix "
+                             "first) re-prefills the suffix on every keystroke. Empty: the family's own.",
+                             choices=("", *ORDERS), choice_docs={"": "The family's own order.",
+                                                                 "psm": "Prefix, suffix, middle.",
+                                                                 "spm": "Suffix, prefix, middle."})
     max_prefix_tokens: int = setting(1024, "Prompt tokens before the cursor at most.", min=16, max=32768)
     # PSM re-prefills the suffix on every keystroke: short keeps reuse >= 90%
     max_suffix_tokens: int = setting(64, "Prompt tokens after the cursor at most; re-prefilled on every keystroke, "
@@ -192,6 +198,10 @@ class Settings:
         problem = Bounds.of(self).problem()
         if problem:
             raise SettingsError(problem)
+        if self.fim_family and self.fim_order and not TEMPLATES[self.fim_family].middle \
+                and self.fim_order != TEMPLATES[self.fim_family].order:
+            raise SettingsError(f"fimOrder {self.fim_order!r}: {self.fim_family} prompts have no middle marker, only "
+                                f"{TEMPLATES[self.fim_family].order!r} order")
         if self.strategy in ("draft", "tree") and not self.draft:
             raise SettingsError(f"strategy {self.strategy!r} needs a draft model: set draft, or use auto or lookup")
         if self.strategy == "repo" and not self.repo_index:

@@ -37,6 +37,7 @@ class LoadSpec:
     switchable_adapters: bool = False  # per-request adapters (the server's `adapters`): the draft stays unfolded
     max_draft: int = 8
     fim_family: str | None = None
+    fim_order: str = ""  # "": the family's own (fim.in_order)
     max_prefix_tokens: int | None = None  # None: the Completer's default
     max_suffix_tokens: int | None = None
     load_draft: bool = False  # load the draft even where the strategy does not use it (a benchmark's baselines)
@@ -49,6 +50,7 @@ class LoadSpec:
                    settings.target_quant, settings.int4_kernel, settings.forward,
                    switchable_adapters=bool(settings.adapters),
                    max_draft=settings.max_draft, fim_family=settings.fim_family or None,
+                   fim_order=settings.fim_order,
                    max_prefix_tokens=settings.max_prefix_tokens, max_suffix_tokens=settings.max_suffix_tokens,
                    pull=True)
 
@@ -109,7 +111,7 @@ def build(spec: LoadSpec, repo_index=None, report: Report = lambda message, perc
             switchable = SwitchableDraft(pair.draft.model, spec.draft_quant)
         draft_model, draft_hash = switchable.model, pair.draft.weight_hash
     tokenizer = pair.target.tokenizer
-    template = fim.detect(tokenizer, spec.fim_family)
+    template = fim.detect(tokenizer, spec.fim_family, spec.fim_order)
     if needs_cost_curve(spec.strategy, draft_model is not None):
         report("measuring the target's verify cost (once per model)", 95)  # after 90: monotonic
     base_stops = stop_ids(tokenizer)
@@ -282,8 +284,8 @@ class LocalBackend(Reconfigurable):
         if needs_cost_curve(settings.strategy, plan.draft_model is not None) and session.cost_curve is None:
             return None  # measured at load, while nothing generates
         drafter, template, stops = session.drafter, completer.template, session.stop_token_ids
-        if settings.fim_family != old.fim_family:  # the prompt format changes: rebuild the template and stops
-            template = fim.detect(session.tokenizer, settings.fim_family or None)
+        if (settings.fim_family, settings.fim_order) != (old.fim_family, old.fim_order):  # the prompt format changes
+            template = fim.detect(session.tokenizer, settings.fim_family or None, settings.fim_order)
             stops = plan.base_stops | fim.stop_token_ids(session.tokenizer, template)
         drafting = ("strategy", "max_draft", "repo_index", "fim_family")  # the last: the repo drafter's markers
         if any(getattr(settings, key) != getattr(old, key) for key in drafting):

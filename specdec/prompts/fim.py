@@ -7,7 +7,7 @@ the user types), the suffix by tokens from the end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdec.errors import SpecdecError
 
@@ -51,16 +51,33 @@ def markers(tokenizer, template: FimTemplate):
                          vocab.get(template.middle) if template.middle else None)
 
 
-def detect(tokenizer, override: str | None = None) -> FimTemplate:
-    """Pick the family whose FIM special tokens the tokenizer knows."""
+ORDERS = ("psm", "spm")
+
+
+def in_order(template: FimTemplate, order: str = "") -> FimTemplate:
+    """The template with its sections in `order` ("": the family's own). Suffix-first (spm) keeps the text after
+    the cursor before the text being typed, so a keystroke leaves the whole cached prompt but its last tokens in
+    place (psm puts the suffix after the typed text: every keystroke re-prefills it). A family without a middle
+    marker ends the prompt with the prefix, so it has only its own order."""
+    if not order or order == template.order:
+        return template
+    if order not in ORDERS:
+        raise SpecdecError(f"unknown FIM order {order!r}; known: {', '.join(ORDERS)}")
+    if not template.middle:
+        raise SpecdecError(f"{template.family} prompts have no middle marker: only {template.order} order")
+    return replace(template, order=order)
+
+
+def detect(tokenizer, override: str | None = None, order: str = "") -> FimTemplate:
+    """Pick the family whose FIM special tokens the tokenizer knows; order: see in_order."""
     if override:
         if override not in TEMPLATES:
             raise SpecdecError(f"unknown FIM family {override!r}; known: {', '.join(TEMPLATES)}")
-        return TEMPLATES[override]
+        return in_order(TEMPLATES[override], order)
     vocab = tokenizer.get_vocab()
     for template in TEMPLATES.values():
         if template.prefix in vocab and template.suffix in vocab and (not template.middle or template.middle in vocab):
-            return template
+            return in_order(template, order)
     raise SpecdecError("the tokenizer has no fill-in-the-middle tokens of a known family "
                        f"({', '.join(TEMPLATES)}); set the FIM family explicitly")
 

@@ -425,6 +425,19 @@ def test_a_valid_fim_family_change_rebuilds_the_template(tiny_pair):
     assert host.completer.template is fim.TEMPLATES["qwen"]  # detected again
 
 
+def test_a_fim_order_change_rebuilds_the_prompt_without_a_reload(tiny_pair):
+    """fimOrder spm puts the suffix first in the prompt the loaded models are given, without a reload."""
+    host, settings = loaded_host(tiny_pair)
+    vocab = host.tokenizer().get_vocab()
+    assert host.apply(settings.update({"fimOrder": "spm"}))
+    host.executor.submit(lambda: None).result(10)
+    assert host.completer.template.order == "spm"
+    assert host.completer.prompt("a = 1\n", "\nb = 2\n").ids[0] == vocab["<|fim_suffix|>"]
+    assert host.apply(settings.update({"fimOrder": ""}))
+    host.executor.submit(lambda: None).result(10)
+    assert host.completer.prompt("a = 1\n", "\nb = 2\n").ids[0] == vocab["<|fim_prefix|>"]
+
+
 @pytest.mark.parametrize("error", [ImportError("No module named 'torch'"), KeyError("weight"), ValueError("bad")])
 def test_a_load_that_raises_anything_ends_failed(tmp_path, monkeypatch, error):
     """Issue #30 item 6: a load thread raising e.g. ImportError stayed in 'loading' forever."""

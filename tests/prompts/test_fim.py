@@ -91,3 +91,43 @@ def test_window_is_the_text_the_prompt_holds(tok):
     assert tok.encode(kept_suffix, add_special_tokens=False) == prompt.ids[2 + prompt.prefix_tokens:-1]
     assert prefix.endswith(kept_prefix) and kept_prefix.startswith("line_") and suffix.startswith(kept_suffix)
     assert fim.window(tok, "a\nb", "c\n", 120, 20) == ("a\nb", "c\n")  # within budget: all of it
+
+
+def test_suffix_first_order_keeps_the_cached_prompt_while_typing(tok):
+    """fimOrder spm: the text after the cursor comes first, so typing only appends to the prompt before its middle
+    marker: two keystrokes' prompts share all but the last tokens (psm: the suffix moves behind every keystroke)."""
+    vocab = tok.get_vocab()
+    spm = fim.detect(tok, order="spm")
+    assert spm.order == "spm" and fim.detect(tok).order == "psm"
+    before, after = "def f(x):\n    return x +", "\n\nprint(f(2))\n" * 4
+    ids = fim.build(tok, spm, before, after).ids
+    assert ids[0] == vocab["<|fim_suffix|>"] and ids[-1] == vocab["<|fim_middle|>"]
+    cut = ids.index(vocab["<|fim_prefix|>"])
+    assert tok.decode(ids[1:cut]) == after and tok.decode(ids[cut + 1 : -1]) == before
+
+    def shared(a, b):
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    typed = before + " 1"
+    spm_next = fim.build(tok, spm, typed, after).ids
+    psm, psm_next = (fim.build(tok, fim.detect(tok), text, after).ids for text in (before, typed))
+    assert len(spm_next) - shared(ids, spm_next) <= 4  # the typed tokens and the middle marker
+    assert len(psm_next) - shared(psm, psm_next) > len(tok.encode(after, add_special_tokens=False))
+
+
+def test_an_order_a_family_cannot_write_is_refused(tok):
+    with pytest.raises(SpecdecError, match="unknown FIM order"):
+        fim.detect(tok, order="pms")
+    with pytest.raises(SpecdecError, match="codestral prompts have no middle marker"):
+        fim.detect(tok, "codestral", order="psm")
+    assert fim.detect(tok, "codestral", order="spm").order == "spm"
+
+
+def test_the_setting_refuses_an_order_the_family_cannot_write():
+    from lsp_server.settings import Settings, SettingsError
+
+    assert Settings().update({"fimOrder": "spm"}).fim_order == "spm"
+    with pytest.raises(SettingsError, match="fimOrder 'psm': codestral"):
+        Settings().update({"fimFamily": "codestral", "fimOrder": "psm"})
+    with pytest.raises(SettingsError, match="fimOrder must be one of"):
+        Settings().update({"fimOrder": "middle-first"})

@@ -24,6 +24,7 @@ export interface ServerSettings {
   languages: string[];
   enabled: boolean;
   fimFamily: string;
+  fimOrder: string;
   maxPrefixTokens: number;
   maxSuffixTokens: number;
   snippetsFromOpenFiles: boolean;
@@ -62,6 +63,7 @@ export const SERVER_DEFAULTS: ServerSettings = {
   languages: [],
   enabled: true,
   fimFamily: "",
+  fimOrder: "",
   maxPrefixTokens: 1024,
   maxSuffixTokens: 64,
   snippetsFromOpenFiles: true,
@@ -100,6 +102,7 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "languages",
   "enabled",
   "fimFamily",
+  "fimOrder",
   "maxPrefixTokens",
   "maxSuffixTokens",
   "snippetsFromOpenFiles",

@@ -206,7 +206,7 @@ class RemoteBackend:
         if self.settings is None:
             return None
         family = self.settings.fim_family or fim_prompt.family_of(self.model, self.settings.target)
-        return fim_prompt.template_for(family)
+        return fim_prompt.template_for(family, self.settings.fim_order)
 
     def index_for(self, settings):
         """The repository index (its chunks are the engine's context), or None: off, or no tokenizer for its ids."""

@@ -23,6 +23,7 @@ class EngineSettings:
 
     target: str = ""
     fim_family: str = ""
+    fim_order: str = ""  # "": the family's own (fim.in_order)
     max_prefix_tokens: int = 1024
     max_suffix_tokens: int = 64
     max_snippet_tokens: int = 256

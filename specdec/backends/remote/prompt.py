@@ -10,7 +10,7 @@ else from the name of the model the engine serves, else from `target`.
 from __future__ import annotations
 
 from specdec.backends.remote.tokens import TokenCounter
-from specdec.prompts.fim import TEMPLATES, FimTemplate
+from specdec.prompts.fim import TEMPLATES, FimTemplate, in_order
 FAMILY_HINTS = (("qwen", "qwen"), ("starcoder", "starcoder"), ("codellama", "codellama"), ("deepseek", "deepseek"),
                 ("codestral", "codestral"))
 
@@ -61,5 +61,6 @@ def build(template: FimTemplate, prefix: str, suffix: str, path: str = "", chunk
     return head + template.prefix + prefix + template.suffix + suffix + template.middle
 
 
-def template_for(family: str) -> FimTemplate:
-    return TEMPLATES[family]
+def template_for(family: str, order: str = "") -> FimTemplate:
+    """The family's template in `order` ("": its own; fim.in_order)."""
+    return in_order(TEMPLATES[family], order)
