@@ -9,7 +9,8 @@ Trees: behind the committed tokens the cache may hold an uncommitted tree region
 slot by slot). `extend_tree` appends nodes in one pass, each attending to the committed tokens,
 its ancestors and itself; `keep_path` commits one root-descending path and drops the rest without
 recomputing anything. Rolling back rejected drafts and reusing the previous request's prompt are
-both `sync`: keep the longest shared prefix, prefill the rest in chunks a cancel can land between.
+both `sync`: keep the longest shared prefix, prefill the rest in chunks a cancel can land between (and, on
+a forward that can stop inside a pass, between its layers: `prefill_chunk`).
 """
 
 from __future__ import annotations
@@ -87,8 +88,13 @@ class PrefixSync:
         for start in range(0, len(todo), PREFILL_CHUNK):
             if should_stop is not None and start > 0 and should_stop():
                 raise Cancelled()
-            logits = self.extend(todo[start : start + PREFILL_CHUNK], keep_logits=1)
+            logits = self.prefill_chunk(todo[start : start + PREFILL_CHUNK], should_stop)
         return logits[-1], reused, len(todo)
+
+    def prefill_chunk(self, tokens: list[int], should_stop: Callable[[], bool] | None) -> torch.Tensor:
+        """One chunk of a prefill: the last row's logits. A forward that can stop inside a pass overrides it
+        (NativeLM: between layers), raising Cancelled with the chunk not committed."""
+        return self.extend(tokens, keep_logits=1)
 
 
 def as_cached_lm(model) -> CachedLM:

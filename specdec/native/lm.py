@@ -10,9 +10,11 @@ copies the kept nodes' K/V down behind the committed tokens; nothing is recomput
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from specdec.engine.cached_lm import PrefixSync
+from specdec.engine.cached_lm import Cancelled, PrefixSync
 from specdec.engine.tree import ROOT
 from specdec.errors import SpecdecError
 from specdec.native.qwen2 import Qwen2
@@ -67,9 +69,11 @@ class NativeLM(PrefixSync):
             self.head = self.shortlist.for_context()
 
     def extend(self, new_tokens: list[int], keep_logits: int | None = None,
-               hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+               hidden_states: list[torch.Tensor] | None = None,
+               between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         """Commit new_tokens; returns the logits of the last keep_logits of them (all by default).
-        hidden_states, when given, receives each layer's residual stream (for the exactness tests)."""
+        hidden_states, when given, receives each layer's residual stream (for the exactness tests);
+        between_layers: Qwen2.forward's (what it raises leaves new_tokens uncommitted)."""
         if self.tree_tokens:
             raise SpecdecError("extend behind an uncommitted tree: keep_path (or truncate) first")
         c, n = len(self.tokens), len(new_tokens)
@@ -82,9 +86,22 @@ class NativeLM(PrefixSync):
             self._cover(new_tokens)
         logits = self.model.forward(torch.tensor(new_tokens), slots, slots, slots + 1,
                                     torch.full((n, 1), -1, dtype=torch.long), self.cache,
-                                    n if keep_logits is None else keep_logits, hidden_states, self.head)
+                                    n if keep_logits is None else keep_logits, hidden_states, self.head,
+                                    between_layers)
         self.tokens.extend(new_tokens)
         return logits
+
+    def prefill_chunk(self, tokens: list[int], should_stop: Callable[[], bool] | None) -> torch.Tensor:
+        """A prefill chunk that a cancel stops between two layers (a layer of a 64-row chunk: milliseconds to tens
+        of them), so a superseded request frees the model at once; nothing of the chunk is committed then."""
+        if should_stop is None:
+            return self.extend(tokens, keep_logits=1)
+
+        def between_layers() -> None:
+            if should_stop():
+                raise Cancelled()
+
+        return self.extend(tokens, keep_logits=1, between_layers=between_layers)
 
     def _cover(self, new_tokens: list[int]) -> None:
         """The shortlist also scores the ids of the context (a file's own identifiers); after a long life across

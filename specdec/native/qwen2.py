@@ -15,6 +15,7 @@ matmuls reading a norm are all W4A8/W8A8, the norm rounds its rows to their int8
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,10 +84,13 @@ class Qwen2:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, prefix: torch.Tensor,
                 extra: torch.Tensor, cache: KVCache, keep: int | None = None,
-                hidden_states: list[torch.Tensor] | None = None, head=None) -> torch.Tensor:
+                hidden_states: list[torch.Tensor] | None = None, head=None,
+                between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         """ids, positions, slots, prefix i64[n]; extra i64[n, E] (-1 padded) -> logits f32[keep, vocab] of the last
         keep rows (all by default). hidden_states, when given, receives each layer's residual stream f32[n, d].
-        head: the output layer to use instead of the model's (a draft's shortlist, specdec.native.shortlist)."""
+        head: the output layer to use instead of the model's (a draft's shortlist, specdec.native.shortlist).
+        between_layers: called before each layer; what it raises ends the pass (a cancelled prefill stops within one
+        layer, not one chunk). The cache slots the pass wrote are then the caller's to forget."""
         c, w = self.config, self.weights
         n = len(ids)
         residual = w.embedding(ids)
@@ -99,6 +103,8 @@ class Qwen2:
                                f"was prepared for (context {self.config.context_length}; Qwen2.cover)")
         q_width = c.heads * c.head_dim
         for i, layer in enumerate(w.layers):
+            if between_layers is not None:
+                between_layers()
             k_cache, v_cache = cache.k[i], cache.v[i]
             q = F.qkv_rope_cache(layer.qkv(h), layer.qkv_bias, positions, cos, sin, k_cache, v_cache, slots,
                                  c.heads)

@@ -110,17 +110,26 @@ def test_sync_reuses_the_shared_prefix_and_recomputes_the_last_token(model):
     assert (reused, computed) == (100, 2) and torch.equal(logits, fresh(model, edited)[-1])
 
 
-def test_a_cancel_lands_between_prefill_chunks(model):
+def test_a_cancel_lands_between_layers_of_a_prefill_chunk(model):
+    """Issue #50 item 2: a superseded request's prefill stops within one layer of its chunk, not after the chunk;
+    the chunk is not committed, the chunks before it are, and the cache then gives exactly a fresh cache's logits."""
+    layers = len(model.model.weights.layers)
+    context = list(range(10, 10 + 2 * PREFILL_CHUNK + 5))
     lm = model.new_cached_lm()
     calls = []
 
-    def should_stop():
+    def stop_in_second_chunk():  # the first chunk runs whole; the second stops before its third layer
         calls.append(len(lm.tokens))
-        return True
+        return len(calls) > layers + 2
 
     with pytest.raises(Cancelled):
-        lm.sync(list(range(10, 10 + 2 * PREFILL_CHUNK + 5)), should_stop)
-    assert calls == [PREFILL_CHUNK] and lm.tokens == list(range(10, 10 + PREFILL_CHUNK))
+        lm.sync(context, stop_in_second_chunk)
+    assert len(calls) == layers + 3 and lm.tokens == context[:PREFILL_CHUNK]
+    logits, reused, computed = lm.sync(context)
+    assert (reused, computed) == (PREFILL_CHUNK, len(context) - PREFILL_CHUNK)
+    assert torch.equal(logits, fresh(model, context)[-1])
+    with pytest.raises(Cancelled):  # a cancel already set stops the first chunk before its first layer
+        model.new_cached_lm().sync(context, lambda: True)
 
 
 def test_bad_trees_and_a_full_cache_get_one_line_errors(model):
