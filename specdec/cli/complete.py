@@ -63,8 +63,27 @@ def check_generation_args(args) -> None:
             raise SpecdecError(f"{flag} {value} is out of range ({allowed})")
 
 
-def cmd_complete(args) -> int:
+def at_cursor(args):
+    """(prefix, suffix, CursorContext): the text around the cursor and what the code there says about the completion,
+    as the server takes them (lsp_server/cursor.py, service.py): the completion wing's window around the cursor and
+    `syntax.analyze` in the file's language (by its name). Like a completion the user asked for in the editor, one
+    inside a string or a comment is made all the same."""
+    from specdec.completion import syntax
+    from specdec.completion.window import window
     from specdec.prompts.completion import read_source, split_at
+    from specdec.prompts.languages import detect_language
+
+    source = read_source(args.file)
+    before, _ = split_at(source, args.line, args.col)
+    prefix, suffix = window(source, len(before))
+    return prefix, suffix, syntax.analyze(detect_language(None, args.file), prefix, suffix)
+
+
+def cmd_complete(args) -> int:
+    """The completion the editor would show at the cursor: generation stopped by the completion wing's stop rule
+    (end of the line, of the block...) and its text trimmed by `finalize`, as the server's hosts do
+    (lsp_server/hosts.py, remote_host.py), so the command and the editor answer alike."""
+    from specdec.completion import syntax
     from specdec.engine.session import GenerationConfig
     from specdec.engine.sampling import SamplingConfig
 
@@ -74,13 +93,13 @@ def cmd_complete(args) -> int:
     from specdec.repository.build import document_key
 
     check_generation_args(args)  # validate everything before the models load
-    prefix, suffix = split_at(read_source(args.file), args.line, args.col)
+    prefix, suffix, ctx = at_cursor(args)
     from specdec.backends.remote.cli import check_engine_args
 
     engine = check_engine_args(args)
     check_trace_json(args.trace_json)
     if engine:
-        return complete_remotely(args, engine, prefix, suffix)
+        return complete_remotely(args, engine, prefix, suffix, ctx)
     repo = args.repo or (repository_of(args.file) if args.strategy == "repo" else None)
     if repo and not Path(repo).is_dir():
         raise SpecdecError(f"--repo {repo}: not a folder")
@@ -89,12 +108,14 @@ def cmd_complete(args) -> int:
     tracing = args.trace or args.trace_json
     result = completer.complete(prefix, suffix, GenerationConfig(args.max_new_tokens, sampling, args.max_draft,
                                                                  trace=bool(tracing)), path=args.file,
+                                stop=syntax.stop_predicate(ctx),
                                 request=request_context(completer, document_key(args.file)))
+    text = syntax.finalize(ctx, result.text, result.stop_reason)
     if args.json:
-        print(json.dumps({"text": result.text, "stats": stats_json(result)}))
+        print(json.dumps({"text": text, "stats": stats_json(result)}))
     else:
-        sys.stdout.write(result.text + ("\n" if not result.text.endswith("\n") else ""))
-    if tracing:
+        sys.stdout.write(text + ("\n" if not text.endswith("\n") else ""))
+    if tracing:  # the engine's own text, marked pass by pass (the server's specdec/trace adds the shown text)
         write_trace(args, result.trace, completer.session.tokenizer)
     return 0
 
@@ -110,18 +131,21 @@ def stats_json(result) -> dict:
             "draft_seconds": round(s.draft_seconds, 4), "verify_seconds": round(s.verify_seconds, 4)}
 
 
-def complete_remotely(args, engine: str, prefix: str, suffix: str) -> int:
-    """`specdec complete --engine KIND --engine-url URL`: the same completion from a shared engine; --json and
-    --trace report the engine's own speculation counts (or that it reported none)."""
+def complete_remotely(args, engine: str, prefix: str, suffix: str, ctx) -> int:
+    """`specdec complete --engine KIND --engine-url URL`: the same completion from a shared engine, stopped and
+    trimmed by the same rules (ctx: syntax.CursorContext); --json and --trace report the engine's own speculation
+    counts (or that it reported none)."""
     from specdec.backends.base import CompletionRequest
     from specdec.backends.remote.cli import engine_bounds, load_engine
+    from specdec.completion import syntax
 
     backend = load_engine(engine, args.engine_url, target=args.target, **engine_bounds(args))
     request = CompletionRequest(prefix=prefix, suffix=suffix, path=args.file, max_new_tokens=args.max_new_tokens,
                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    result = backend.complete(request)
+    result = backend.complete(request, syntax.stop_predicate(ctx))
     if result.stop_reason == "error":
         raise SpecdecError(backend.health.reason or f"{engine} at {backend.endpoint.shown} did not answer")
+    text = syntax.finalize(ctx, result.text, result.stop_reason)
     s = result.stats
     if args.json:
         drafted, accepted, passes = s["drafted"], s["accepted"], s["target_passes"]
@@ -129,9 +153,9 @@ def complete_remotely(args, engine: str, prefix: str, suffix: str) -> int:
                  "accepted": accepted, "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
                  "tokens_per_pass": round(s["new_tokens"] / passes, 4) if passes else None,
                  "new_tokens": s["new_tokens"], "seconds": round(s["seconds"], 4), "stop_reason": result.stop_reason}
-        print(json.dumps({"text": result.text, "stats": stats}))
+        print(json.dumps({"text": text, "stats": stats}))
     else:
-        sys.stdout.write(result.text + ("\n" if not result.text.endswith("\n") else ""))
+        sys.stdout.write(text + ("\n" if not text.endswith("\n") else ""))
     if args.trace or args.trace_json:
         recorded = result.trace.as_dict()
         if args.trace_json:

@@ -209,3 +209,42 @@ def test_complete_trace_prints_the_marked_completion_and_writes_the_records(caps
     assert code == 0 and json.loads(out)["text"] == recorded["text"] and "trace: strategy auto" in err
     code, _, err = run(capsys, *common, "--trace-json", tmp_path / "nowhere" / "trace.json")
     assert code != 0 and "--trace-json" in err and "does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_complete_answers_what_the_server_shows_at_the_cursor(capsys, models, tmp_path, monkeypatch):
+    """Issue #49 item 3: `specdec complete` stops and trims by the completion wing's rules (specdec/completion/syntax.py)
+    as the server does, so the command and the editor answer alike. The cursor is at the indentation of a line of
+    code: the model's line is cut at its line break (the single-line stop) and `finalize` puts the break and the
+    indentation back (a new line above the code). The engine's raw text, which the command printed before, is not
+    that suggestion. The file is named relative to the workspace (the prompt names it), as the server names it."""
+    import asyncio
+
+    from lsp_server.hosts import ModelHost
+    from lsp_server.metrics import MetricsStore
+    from lsp_server.service import CompletionService, EditorRequest
+    from lsp_server.settings import Settings
+    from specdec.completion.window import window
+    from specdec.engine.session import GenerationConfig
+
+    target, _ = models
+    text = "def add(a, b):\n    return a + b\n"
+    (tmp_path / "demo.py").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "complete", "demo.py", "--line", 2, "--col", 5, "--target", target, "--strategy",
+                         "plain", "--max-new-tokens", 32, "--dtype", "fp32", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+
+    host = ModelHost()
+    settings = Settings().update({"target": str(target), "draft": "", "strategy": "plain", "dtype": "fp32",
+                                  "adapters": False, "maxNewTokens": 32, "maxSuffixTokens": 256, "debounceMs": 0})
+    host.load(settings)
+    assert host.state == "ready", host.error
+    prefix, suffix = window(text, text.index("return"))  # what lsp_server/cursor.py sends for that position
+    request = EditorRequest.at((tmp_path / "demo.py").as_uri(), "python", str(tmp_path), prefix, suffix,
+                               invoked=True, path="demo.py")
+    suggestion = asyncio.run(CompletionService(host, MetricsStore(tmp_path / "m.jsonl"), settings).complete(request))
+    assert suggestion is not None and suggestion.source == "model"
+    assert result["text"] == suggestion.text and result["stats"]["stop_reason"] == "stop"
+    raw = host.executor.submit(host.completer.complete, prefix, suffix, GenerationConfig(32), "demo.py").result(60)
+    assert "\n" in raw.text and suggestion.text.endswith("\n    ") and raw.text != suggestion.text
