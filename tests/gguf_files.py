@@ -151,3 +151,31 @@ def _add_tokenizer(writer, tokenizer, pre: str = "qwen2") -> None:
     writer.add_bos_token_id(tokenizer.eos_token_id)
     if tokenizer.pad_token_id is not None:
         writer.add_pad_token_id(tokenizer.pad_token_id)
+
+
+def gguf_tokenizer():
+    """The tiny tokenizer padded to 384 ids: the models' rows, so transformers reads the GGUF's vocabulary size as
+    the model's (and 384 is a multiple of the native output layer's 16-column tiles)."""
+    import tiny
+
+    return tiny.tokenizer(extra_specials=tuple(f"<|pad_{i}|>" for i in range(12)))
+
+
+def gguf_pair_models():
+    """The transformers models gguf_pair writes: (target, draft), different random weights, 256 wide (the narrowest
+    Q4_K's super-blocks fit), 2 layers, the padded tokenizer's vocabulary."""
+    import tiny
+
+    return tuple(tiny.model(seed=seed, vocab_size=len(gguf_tokenizer()), hidden=256, layers=2) for seed in (1, 2))
+
+
+def gguf_pair(folder):
+    """[target.gguf, draft.gguf] under `folder`: gguf_pair_models written as Qwen2 GGUFs, the tokenizer in each
+    file, as a catalog pull keeps them (the native forward runs both)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, model in zip(("target", "draft"), gguf_pair_models()):
+        write_qwen2_gguf(model, folder / f"{name}.gguf", tokenizer=gguf_tokenizer())
+        paths.append(folder / f"{name}.gguf")
+    assert len(gguf_tokenizer()) == 384
+    return paths

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tiny
-from gguf_files import write_qwen2_gguf
+from gguf_files import gguf_pair as write_gguf_pair
 from repos import make_repo
 from test_run import args_for
 
@@ -146,12 +146,6 @@ def test_a_measurement_stops_starting_holes_at_its_deadline_and_spreads_them_ove
     assert measure(target.model, draft.model, target.tokenizer, [], 6)["total"]["holes"] == 0
 
 
-def tokenizer():
-    """The tiny tokenizer padded to 384 ids: the model's rows, so transformers reads the GGUF's vocabulary size as
-    the model's (and 384 is a multiple of the native output layer's 16-column tiles)."""
-    return tiny.tokenizer(extra_specials=tuple(f"<|pad_{i}|>" for i in range(12)))
-
-
 @pytest.fixture
 def gguf_pair(tmp_path):
     """A target and a draft GGUF (different random weights, the same tokenizer in each file), as a catalog pull
@@ -161,15 +155,7 @@ def gguf_pair(tmp_path):
 
     if w4a8.load() is None or not ops_available():
         pytest.skip("the native forward cannot run here")
-    folder = tmp_path / "gguf"
-    folder.mkdir()
-    paths = []
-    for name, seed in (("target", 1), ("draft", 2)):
-        model = tiny.model(seed=seed, vocab_size=len(tokenizer()), hidden=256, layers=2)
-        write_qwen2_gguf(model, folder / f"{name}.gguf", tokenizer=tokenizer())
-        paths.append(folder / f"{name}.gguf")
-    assert len(tokenizer()) == 384
-    return paths
+    return write_gguf_pair(tmp_path / "gguf")
 
 
 def cache_files() -> dict[str, int]:
