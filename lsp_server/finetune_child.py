@@ -24,7 +24,8 @@ class Finetuning:
         settings = self.server.settings
         cmd = [sys.executable, "-m", "specdec.cli", "finetune", folder, "--progress-json", "--target",
                settings.target, "--draft", settings.draft, "--dtype", settings.dtype,
-               "--draft-quant", settings.draft_quant]  # the adapter is fitted over the draft this server runs
+               "--draft-quant", settings.draft_quant,  # the adapter is fitted over the draft this server runs
+               "--forward", settings.forward]  # and taught and measured on the forward it serves with
         for key in OPTIONS:
             if key in options:
                 cmd += [f"--{key.replace('_', '-')}", str(options[key])]

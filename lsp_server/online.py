@@ -257,7 +257,8 @@ class OnlineAdaptation:
                          steps=s.online_steps, accepted=[asdict(a) for a in self.accepted.get(workspace, ())],
                          fresh=self.since.get(workspace, 0),  # the newest, never trained on: the held-out set's pool
                          edited=[{"path": path, "language": language, "text": text}
-                                 for path, language, text in self.edited.get(workspace, {}).values()])
+                                 for path, language, text in self.edited.get(workspace, {}).values()],
+                         forward=s.forward)  # the target labels on the forward the server verifies with
 
     async def _refresh(self, workspace: str) -> None:
         started = time.time()

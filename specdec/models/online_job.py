@@ -8,6 +8,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from specdec.errors import SpecdecError
+from specdec.models.choices import FORWARDS
 
 
 @dataclass
@@ -42,6 +43,8 @@ class OnlineJob:
     accepted: list[dict] = field(default_factory=list)
     edited: list[dict] = field(default_factory=list)
     fresh: int = -1  # the newest `fresh` accepted completions were never trained on (-1: all of them)
+    forward: str = "auto"  # the server's `forward` setting: where the target labels (native: from its GGUF's
+    # codes, as the server verifies; specdec.native.loading.choose)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -55,7 +58,7 @@ class OnlineJob:
             job = cls(**{k: v for k, v in data.items() if k in known})
         except TypeError as exc:
             raise SpecdecError(f"online job: {exc}") from None
-        names = ("workspace", "draft", "target", "draft_hash", "dtype", "draft_quant", "fim_family")
+        names = ("workspace", "draft", "target", "draft_hash", "dtype", "draft_quant", "fim_family", "forward")
         if not all(isinstance(getattr(job, name), str) for name in names):
             raise SpecdecError(f"online job: {', '.join(names)} must be strings")
         if not all(isinstance(s, dict) and isinstance(s.get("tokens"), list) for s in job.accepted):
@@ -63,6 +66,8 @@ class OnlineJob:
         if not all(isinstance(d, dict) and isinstance(d.get("path"), str) and isinstance(d.get("text"), str)
                    for d in job.edited):
             raise SpecdecError("online job: every edited document needs its path and text")
+        if job.forward not in FORWARDS:
+            raise SpecdecError(f"online job: forward must be one of {', '.join(FORWARDS)}, not {job.forward!r}")
         if job.steps < 1 or job.batch_size < 1 or job.seq_len < 32:
             raise SpecdecError("online job: steps and batch size must be >= 1, seq_len >= 32")
         return job

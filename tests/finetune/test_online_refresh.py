@@ -1,5 +1,7 @@
 """One online refresh (finetune/online.py): its data, its secret filter, its score, its keep-or-discard rule."""
 
+from pathlib import Path
+
 import pytest
 
 from repos import SECRETS, make_repo
@@ -230,3 +232,89 @@ def test_the_refresh_and_the_repository_index_skip_the_same_documents(tmp_path, 
     trained = set(documents) - set(build_data(job, tok, fim.detect(tok)).dropped)
     assert trained == indexed, (trained, indexed)
     assert trained == {"mod_0.py", "mod_1.py"}, trained  # and every kind of refusal is among the documents
+
+
+def test_a_gguf_pair_is_refreshed_on_the_native_target_and_nothing_is_converted_into_the_cache(tmp_path,
+                                                                                                 monkeypatch):
+    """As `specdec finetune` (tests/finetune/test_budget.py): with a GGUF target the edited files are labelled on
+    the native forward from its codes, the draft is dequantized from its GGUF in memory, and the refresh leaves
+    the cache as serving made it (no bf16 conversion of either model)."""
+    from transformers import AutoModelForCausalLM
+
+    from gguf_files import gguf_pair, gguf_pair_models, gguf_tokenizer
+    from specdec.models import store, w4a8
+    from specdec.models.loading import load_pair
+    from specdec.native.layers import ops_available
+    from specdec.native.lm import NativeModel
+    from specdec.paths import cache_dir
+    from specdec_finetune import online
+
+    if w4a8.load() is None or not ops_available():
+        pytest.skip("the native forward cannot run here")
+
+    def cache_files() -> dict[str, int]:
+        return {str(p.relative_to(cache_dir())): p.stat().st_size for p in sorted(cache_dir().rglob("*"))
+                if p.is_file()}
+
+    target, draft = gguf_pair(tmp_path / "gguf")
+    served = load_pair(str(target), str(draft), target_quant="auto")  # a server ran first: what serving caches
+    draft_hash, made_by_serving = served.draft.weight_hash, cache_files()
+    del served
+    assert made_by_serving and all(Path(name).name.startswith("native-") for name in made_by_serving)
+
+    tok = gguf_tokenizer()
+    repo = make_repo(tmp_path / "repo", files=10)
+    entries = accepted_entries(gguf_pair_models()[0].eval(), tok, holes(repo, tok, 8))
+    request = online.OnlineJob.parse({
+        "workspace": str(repo), "target": str(target), "draft": str(draft), "draft_hash": draft_hash, "steps": 2,
+        "seq_len": 128, "learning_rate": 3e-3, "accepted": entries,
+        "edited": [{"path": f"mod_{i}.py", "language": "python", "text": (repo / f"mod_{i}.py").read_text()}
+                   for i in (8, 9)]})
+
+    teachers, read_by_transformers = [], []
+    real_teach, real_from_pretrained = online.teach, AutoModelForCausalLM.from_pretrained.__func__
+
+    def teach(model, samples, *args, **kwargs):
+        teachers.append(model)
+        return real_teach(model, samples, *args, **kwargs)
+
+    def from_pretrained(cls, *args, **kwargs):
+        read_by_transformers.append(kwargs.get("gguf_file") or args[0])
+        return real_from_pretrained(cls, *args, **kwargs)
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("a GGUF converted for transformers")
+
+    monkeypatch.setattr(online, "teach", teach)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(from_pretrained))
+    monkeypatch.setattr(store, "convert_gguf", no_conversion)
+    outcome = online.refresh(request)
+    assert len(teachers) == 1 and isinstance(teachers[0], NativeModel)
+    assert read_by_transformers == ["draft.gguf"]  # the trainable draft, dequantized in memory
+    assert outcome["steps"] == 2 and outcome["edited_samples"] > 0 and outcome["heldout"] >= 1
+    assert outcome["before"]["drafted"] > 0 and outcome["after"]["drafted"] == outcome["before"]["drafted"]
+    assert cache_files() == made_by_serving  # nothing added, nothing rewritten
+
+
+def test_the_native_teacher_labels_edited_samples_as_the_native_forward_ranks_them(tmp_path):
+    """teach() on a native target: each sample's top tokens and their renormalized probabilities are those of its
+    own prefill on the native forward."""
+    import torch
+
+    from gguf_files import gguf_pair
+    from specdec.models import w4a8
+    from specdec.native.layers import ops_available
+    from specdec.native.loading import load_native
+    from specdec_finetune.online import Sample, teach
+
+    if w4a8.load() is None or not ops_available():
+        pytest.skip("the native forward cannot run here")
+    target, _ = gguf_pair(tmp_path / "gguf")
+    model, _ = load_native(str(target), target)
+    samples = [Sample([5, 9, 17, 33, 2, 8, 101, 7], 0, "edited"), Sample([40, 41, 42], 0, "edited")]
+    teach(model, samples, top=4)
+    for sample in samples:
+        logits = model.new_cached_lm().extend(sample.ids)[:-1]
+        values, ids = logits.topk(4, -1)
+        assert torch.equal(sample.teacher[0], ids)
+        torch.testing.assert_close(sample.teacher[1], values.softmax(-1))

@@ -243,3 +243,25 @@ async def test_turning_it_off_stops_the_refresh_and_forgets_the_texts(models, tm
     assert not online.accepted and not online.edited and not online.pending and online.status()["state"] == "off"
     await asyncio.wait_for(task, 10)
     assert online.history[-1]["error"] and not online.history[-1]["kept"]
+
+
+def test_both_trainers_are_told_the_forward_the_server_serves_with():
+    """The online refresh's job and `specdec finetune`'s command line carry the server's `forward` (the target
+    teaches on it, and a native one reads its GGUF's codes rather than a conversion); a job with an unknown one
+    is refused in one line."""
+    import json
+    from types import SimpleNamespace
+
+    from lsp_server.finetune_child import Finetuning
+    from lsp_server.online import OnlineAdaptation
+    from specdec.errors import SpecdecError
+    from specdec.models.online_job import OnlineJob
+
+    for forward in ("auto", "native", "transformers"):
+        settings = Settings().update({"forward": forward})
+        job = OnlineAdaptation(SimpleNamespace(draft_hash="abc"), None, settings).job("/w")
+        assert OnlineJob.parse(json.loads(job.to_json())).forward == forward
+        argv = Finetuning(SimpleNamespace(settings=settings)).argv("/w", {})
+        assert argv[argv.index("--forward") + 1] == forward
+    with pytest.raises(SpecdecError, match="forward must be one of"):
+        OnlineJob.parse({"workspace": "/w", "draft": "d", "target": "t", "forward": "gpu"})
