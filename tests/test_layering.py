@@ -18,26 +18,27 @@ ALLOWED = {  # what each package may import from the others
     "lsp_server": {"specdec", "specdec_adapters"},
     "specdec_bench": {"specdec", "specdec_adapters", "specdec_finetune", "lsp_server"},  # on top: nothing imports it
 }
-# inside specdec: the engine runs whatever model it is handed and knows nothing of loading, prompts,
-# benchmarks or how a repository's files are chosen; the model wing knows the engine only through its bounds;
-# the repository wing reads files for whoever hands it a tokenizer and an index, and loads no model
-# the backends put the wings together for whoever completes (the server, `specdec complete`, the benchmarks), so
-# none of the wings they use imports them; the native wing (kernels, the forward of our own) knows no prompt or backend;
-# the prompts turn a cursor's text into token ids and know no kernel; the completion policy (syntax rules, the cursor's
-# window) reads the text around a cursor and nothing below the prompts' languages: no engine, model, kernel, index or
-# backend, so the server, `specdec bench` and anyone completing at a cursor share it without loading a model; the
-# console script and its own commands (`specdec complete`, `specdec next-edit`: a cursor through a backend and the
-# completion policy) are on top of every wing, which is why each wing's rule forbids specdec.cli
+# inside specdec: the engine runs whatever model it is handed and knows nothing of loading, the forwards (a native
+# model is a CachedLM it is handed), prompts, benchmarks or how a repository's files are chosen; the model wing knows
+# the engine only through its bounds; the repository wing reads files for whoever hands it a tokenizer and an index,
+# and loads no model; the backends put the wings together for whoever completes (the server, `specdec complete`, the
+# benchmarks), so none of the wings they use imports them; the native wing (kernels, the forward of our own) knows no
+# prompt or backend; the prompts turn a cursor's text into token ids and know no kernel or backend; the completion
+# policy (syntax rules, the cursor's window) reads the text around a cursor and nothing below the prompts' languages:
+# no engine, model, kernel, index or backend, so the server, `specdec bench` and anyone completing at a cursor share
+# it without loading a model; the console script and its own commands (`specdec complete`, `specdec next-edit`: a
+# cursor through a backend and the completion policy) are on top of every wing, which is why each wing's rule
+# forbids specdec.cli
 WING_RULES = {
-    "specdec/engine": ("specdec.models", "specdec.prompts", "specdec.cli", "specdec.repository", "specdec.backends",
-                       "specdec.completion"),
+    "specdec/engine": ("specdec.models", "specdec.native", "specdec.prompts", "specdec.cli", "specdec.repository",
+                       "specdec.backends", "specdec.completion"),
     "specdec/models": ("specdec.prompts", "specdec.cli", "specdec.engine.", "specdec.backends", "specdec.completion"),
     "specdec/repository": ("specdec.models", "specdec.prompts", "specdec.cli", "specdec.backends",
                            "specdec.completion"),
     "specdec/native": ("specdec.prompts", "specdec.cli", "specdec.repository", "specdec.backends",
                        "specdec.completion"),
     "specdec/backends": ("specdec.cli",),
-    "specdec/prompts": ("specdec.cli", "specdec.native", "specdec.completion"),
+    "specdec/prompts": ("specdec.cli", "specdec.native", "specdec.completion", "specdec.backends"),
     "specdec/completion": ("specdec.cli", "specdec.engine", "specdec.models", "specdec.native", "specdec.repository",
                            "specdec.backends"),
     "specdec/cli": (),  # may import every wing
