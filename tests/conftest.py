@@ -95,6 +95,16 @@ def isolated_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture
+def real_cache(monkeypatch):
+    """For the tests of real models and data sets: SPECDEC_CACHE_DIR is the tests' own cache (SPECDEC_TEST_CACHE_DIR,
+    else ~/.cache/specdec-tests/specdec-cache, reused between runs), the user's downloads read through links, and
+    the test fails if it wrote under the user's cache (tests/cache_audit.py)."""
+    import cache_audit
+
+    yield from cache_audit.real_cache(monkeypatch)
+
+
 @pytest.fixture(autouse=True)
 def ends_its_processes(monkeypatch):
     """Every process the test starts (and theirs, detached or not) carries a mark in its environment and is ended

@@ -1,14 +1,14 @@
 """Real Qwen2.5-Coder models. `smoke` runs in CI (0.5B only); `slow` needs the 1.5B too.
 
-Their pulls, conversions and packed weights go to a cache of the tests' own (`real_cache`), never the user's."""
+Their pulls, conversions and packed weights go to a cache of the tests' own (`real_cache`: conftest.py,
+tests/cache_audit.py), never the user's."""
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
-from platformdirs import user_cache_dir
 
+import cache_audit
 from specdec.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specdec.prompts.completion import Completer
 from specdec.engine.session import GenerationConfig
@@ -16,109 +16,6 @@ from specdec.engine.strategies import make_session
 
 HOLE_PREFIX = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    '
 HOLE_SUFFIX = "\n\n\nprint(fibonacci(10))\n"
-
-
-# The user's specdec cache as specdec finds it (read before conftest points SPECDEC_CACHE_DIR at a tmp folder).
-USER_CACHE = Path(os.environ.get("SPECDEC_CACHE_DIR") or user_cache_dir("specdec"))
-
-
-def own_cache() -> Path:
-    """The tests' own cache, reused between runs: SPECDEC_TEST_CACHE_DIR, else ~/.cache/specdec-tests
-    (vscode-client/e2e/install-tools.sh keeps the editor test's tools in its vscode-e2e/)."""
-    root = os.environ.get("SPECDEC_TEST_CACHE_DIR")
-    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec-tests"
-
-
-_WRITES = {"os.mkdir": (0,), "os.rename": (1,), "os.remove": (0,), "os.rmdir": (0,), "os.symlink": (1,),
-           "os.link": (1,), "os.truncate": (0,), "os.chmod": (0,), "os.utime": (0,), "shutil.rmtree": (0,),
-           "shutil.copyfile": (1,), "shutil.move": (0, 1)}  # audit event -> which arguments it writes
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_watches: list = []
-
-
-class UserCacheWrites:
-    """While open, every write this process makes under `folder` (and through a link into it), seen by a Python audit
-    hook: open() for writing, mkdir, rename and replace, remove, links, rmtree... (what specdec's pulls, conversions
-    and caches do). Another process's writes are not this test's, so a user's server or pull running meanwhile
-    cannot fail it, as a before/after listing would."""
-
-    def __init__(self, folder: Path):
-        self.folder = os.path.realpath(folder)
-        self.seen: list[str] = []
-
-    def __enter__(self):
-        if not _watches and not getattr(sys, "_specdec_cache_audit", False):
-            sys.addaudithook(_audit)  # once per process (a hook cannot be removed): idle while nothing watches
-            sys._specdec_cache_audit = True
-        _watches.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        _watches.remove(self)
-
-    def check(self, event: str, path) -> None:
-        if isinstance(path, int) or path is None:
-            return
-        target = os.path.realpath(os.fsdecode(path))
-        if target == self.folder or target.startswith(self.folder + os.sep):
-            self.seen.append(f"{event} {target}")
-
-
-def _audit(event: str, args: tuple) -> None:
-    if not _watches:
-        return
-    if event == "open":
-        path, mode, flags = args
-        if not ((isinstance(mode, str) and any(c in mode for c in "wax+")) or (mode is None and flags & _WRITE_FLAGS)):
-            return
-        writes = (path,)
-    elif event in _WRITES:
-        writes = tuple(args[i] for i in _WRITES[event])
-    else:
-        return
-    for watch in _watches:
-        for path in writes:
-            watch.check(event, path)
-
-
-def link_user_downloads(cache: Path) -> None:
-    """The checked GGUFs (and any wheels) the user's cache already holds, linked into the tests' cache and read
-    through the links, never written: a pull finds them instead of downloading them again. What the tests make
-    (tokenizer files, bf16 conversions, packed weights, a download the user's cache lacks) lands in theirs."""
-    from specdec.models.catalog import KNOWN_MODELS
-
-    for folder, names in (("models/gguf", [m.wheels.gguf_name for m in KNOWN_MODELS.values()]),
-                          ("wheels", [w.name for w in (USER_CACHE / "wheels").glob("*.whl")])):
-        for name in names:
-            ours, theirs = cache / folder / name, USER_CACHE / folder / name
-            if ours.is_symlink() and not ours.exists():  # its target is gone: a pull downloads a file of ours
-                ours.unlink()
-            if theirs.is_file() and not theirs.is_symlink() and not ours.exists():
-                ours.parent.mkdir(parents=True, exist_ok=True)
-                ours.symlink_to(theirs)
-
-
-@pytest.fixture
-def real_cache(monkeypatch):
-    yield from _real_cache(monkeypatch)
-
-
-def _real_cache(monkeypatch):
-    """real_cache: real models in the tests' own cache (own_cache(), reused between runs), the user's left as it
-    was found: SPECDEC_CACHE_DIR points there, the user's GGUFs and wheels are read through links
-    (link_user_downloads), and the test fails if it wrote anything under the user's cache (UserCacheWrites). Under
-    SPECDEC_TEST_REAL_CACHE (CI), SPECDEC_CACHE_DIR's as it is."""
-    if "SPECDEC_TEST_REAL_CACHE" in os.environ:
-        yield Path(os.environ["SPECDEC_CACHE_DIR"])
-        return
-    cache = own_cache() / "specdec-cache"
-    assert not cache.resolve().is_relative_to(USER_CACHE.resolve()), (cache, USER_CACHE)
-    cache.mkdir(parents=True, exist_ok=True)
-    link_user_downloads(cache)
-    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(cache))
-    with UserCacheWrites(USER_CACHE) as writes:
-        yield cache
-    assert not writes.seen, f"the test wrote in the user's cache {USER_CACHE}: {writes.seen[:5]}"
 
 
 def completions(target, tokenizer, draft, max_new=32):
@@ -218,7 +115,7 @@ def test_the_real_model_tests_read_the_users_downloads_and_write_only_their_own_
     (user / "models" / "gguf" / gguf_name).write_bytes(b"GGUF the user pulled")
     (user / "wheels").mkdir()
     (user / "wheels" / "some_part1-0.1-py3-none-any.whl").write_bytes(b"a wheel")
-    monkeypatch.setattr(sys.modules[__name__], "USER_CACHE", user)
+    monkeypatch.setattr(cache_audit, "USER_CACHE", user)
     monkeypatch.setenv("SPECDEC_TEST_CACHE_DIR", str(tmp_path / "tests-cache"))
     made = []
 
@@ -228,7 +125,7 @@ def test_the_real_model_tests_read_the_users_downloads_and_write_only_their_own_
         (store.models_dir() / store.cache_name(model_id) / store.TOKENIZER_FILE).write_text("{}")
 
     monkeypatch.setattr(store, "save_tokenizer", save_tokenizer)
-    fixture = _real_cache(monkeypatch)
+    fixture = cache_audit.real_cache(monkeypatch)
     cache = next(fixture)
     assert cache == tmp_path / "tests-cache" / "specdec-cache" and os.environ["SPECDEC_CACHE_DIR"] == str(cache)
     assert store.pull(DEFAULT_DRAFT) == cache / "models" / "gguf" / gguf_name
@@ -245,7 +142,7 @@ def test_the_real_model_tests_read_the_users_downloads_and_write_only_their_own_
                   lambda: (user / "quantized").mkdir(),
                   lambda: os.replace(cache / "models" / store.cache_name(DEFAULT_DRAFT), user / "models" / "moved"),
                   lambda: open(cache / "models" / "gguf" / gguf_name, "ab").close()):  # through the link
-        fixture = _real_cache(monkeypatch)
+        fixture = cache_audit.real_cache(monkeypatch)
         next(fixture)
         write()
         with pytest.raises(AssertionError, match=f"the test wrote in the user's cache {user}"):
@@ -253,5 +150,51 @@ def test_the_real_model_tests_read_the_users_downloads_and_write_only_their_own_
     assert (user / "models" / "gguf" / gguf_name).read_bytes() == b"GGUF the user pulled"
 
     (user / "models" / "gguf" / gguf_name).unlink()
-    link_user_downloads(cache)
+    cache_audit.link_user_downloads(cache)
     assert not (cache / "models" / "gguf" / gguf_name).is_symlink()  # the next pull downloads into the tests' cache
+
+
+CACHE_WRITING_SLOW_TESTS = {"test_real_models.py": ("test_pull_load_and_lossless_fim_completion_on_the_0_5b",
+                                                    "test_default_pair_lossless_in_fp32",
+                                                    "test_default_pair_on_the_native_forward_gives_plain_output_for_"
+                                                    "every_strategy"),
+                            "models/test_int4.py": ("test_real_int4_target_fim_completion_is_lossless",),
+                            "bench/test_humaneval.py": ("test_the_pinned_humaneval_gives_1033_tasks_whose_references_"
+                                                        "all_pass",)}
+
+
+def test_the_slow_tests_that_pull_convert_or_fetch_take_the_tests_cache():
+    """Every test has a cache in its tmp folder (conftest's isolated_dirs) or the tests' own (real_cache); none
+    points SPECDEC_CACHE_DIR back at the user's (test_int4's real int4 test and test_humaneval's fetch once did, and
+    left bf16 conversions and the HumanEval file in ~/.cache/specdec)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    back_to_the_users = [str(p.relative_to(tests)) for p in sorted(tests.rglob("*.py"))
+                         if re.search(r"""delenv\(\s*["']SPECDEC_CACHE_DIR""", p.read_text(encoding="utf-8"))]
+    assert back_to_the_users == []
+    for module, names in CACHE_WRITING_SLOW_TESTS.items():
+        functions = {node.name: node for node in ast.walk(ast.parse((tests / module).read_text(encoding="utf-8")))
+                     if isinstance(node, ast.FunctionDef)}
+        for name in names:
+            assert "real_cache" in [a.arg for a in functions[name].args.args], f"{module}::{name}"
+
+
+@pytest.fixture
+def tests_cache_in_tmp(tmp_path, monkeypatch):
+    """The tests' own cache in this test's tmp folder (and the user's a fake one), set before real_cache runs."""
+    monkeypatch.delenv("SPECDEC_TEST_REAL_CACHE", raising=False)
+    monkeypatch.setenv("SPECDEC_TEST_CACHE_DIR", str(tmp_path / "tests-cache"))
+    monkeypatch.setattr(cache_audit, "USER_CACHE", tmp_path / "user-cache")
+    return tmp_path / "tests-cache"
+
+
+def test_the_real_cache_fixture_points_a_test_at_the_tests_own_cache(tests_cache_in_tmp, real_cache):
+    """conftest's real_cache, as the slow tests get it: SPECDEC_CACHE_DIR (so specdec.paths.cache_dir, where pulls,
+    conversions and fetches go) is own_cache()/specdec-cache, SPECDEC_TEST_CACHE_DIR's when set."""
+    from specdec.paths import cache_dir
+
+    assert real_cache == cache_dir() == cache_audit.own_cache() / "specdec-cache" == tests_cache_in_tmp / "specdec-cache"
+    assert real_cache.is_dir()

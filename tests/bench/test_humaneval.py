@@ -1,7 +1,6 @@
 """HumanEval single-line infilling: the tasks derived from the problems, and the sandbox that scores them."""
 
 import json
-import os
 import time
 
 import pytest
@@ -101,10 +100,9 @@ def test_the_guard_refuses_sockets_subprocesses_and_file_removal(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_pinned_humaneval_gives_1033_tasks_whose_references_all_pass(monkeypatch):
-    if "SPECDEC_TEST_REAL_CACHE" not in os.environ:
-        monkeypatch.delenv("SPECDEC_CACHE_DIR", raising=False)  # the user's cache: fetched once
-    path = humaneval.fetch()
+def test_the_pinned_humaneval_gives_1033_tasks_whose_references_all_pass(real_cache):
+    path = humaneval.fetch()  # into the tests' own cache, once (conftest's real_cache; the user's copy read via a link)
+    assert path.is_relative_to(real_cache)
     assert humaneval._sha256(path.read_bytes()) == humaneval.SHA256
     assert len(humaneval.read_problems(path)) == humaneval.PROBLEMS
     tasks = humaneval.load_tasks()
