@@ -1,10 +1,12 @@
 """`specdec bench --finetune REPO`: does a repository's adapter make speculation faster on its held-out files?
 (`specdec bench --repo PKG`, which sets the adapter beside the repository index, registers here: repo_bench.py.)
 
-Fine-tunes the draft on the repository (held-out files excluded, time-budgeted), then
-runs the engine benchmark on the held-out files twice, with the base draft and with the
-adapter folded in before quantization (as the server runs it), and prints
-acceptance, tokens per pass and speedup before/after.
+Fine-tunes the draft on the repository as `specdec finetune` does (held-out files excluded; `--max-minutes` bounds
+the whole fine-tune: loading, both measurements, training and registering, and its report gives the time split and
+the peak RSS), then runs the engine benchmark on the held-out files twice, with the base draft and with the adapter
+(as the server runs it), and prints acceptance, tokens per pass and speedup before/after. The engine benchmark's
+own time is not in the budget. With several objectives (finetune_compare.py) and for `--repo` (repo_bench.py),
+`--max-minutes` bounds each training alone (per objective, per package), the loading and scoring around it not.
 """
 
 from __future__ import annotations
@@ -38,9 +40,12 @@ def register(parser):
                                                            "the adapter")
     parser.add_argument("--objective", default="distill",
                         help="--finetune: training objective; a comma list (distill,lm,mixed,argmax,tvd) compares "
-                             "them instead, --max-minutes each")
+                             "them instead, each trained for --max-minutes")
     parser.add_argument("--max-minutes", type=float, default=30.0,
-                        help="--finetune, --repo: training time budget (per package)")
+                        help="--finetune: the fine-tune's whole time budget, as `specdec finetune --max-minutes` "
+                             "(loading, both measurements, training, registering; the report gives the split and "
+                             "the peak RSS), the engine benchmark after it not included; with several --objective "
+                             "values, each objective's training; --repo: each package's training")
     from specdec_bench import repo_bench
 
     run_repo = repo_bench.register(parser)

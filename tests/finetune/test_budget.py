@@ -254,6 +254,22 @@ def test_the_finetune_command_takes_the_servers_forward_choice():
     assert "whole command" in helps["max_minutes"]
 
 
+def test_the_finetune_bench_hands_its_budget_to_the_whole_fine_tune_and_says_so():
+    """`specdec bench --finetune REPO --max-minutes N` runs `specdec finetune`'s whole command within N minutes
+    (finetune_repo's budget), and its help says what N bounds."""
+    from argparse import ArgumentParser
+
+    from specdec_bench import finetune as bench_finetune
+
+    parser = ArgumentParser()
+    bench_finetune.register(parser)
+    args = parser.parse_args(["--finetune", "repo", "--max-minutes", "4"])
+    args.target, args.draft, args.dtype, args.draft_quant = "t", "d", "auto", "int8"
+    assert bench_finetune._finetune_args(args).max_minutes == 4.0
+    helps = {a.dest: a.help for a in parser._actions}
+    assert "whole time budget" in helps["max_minutes"] and "training time budget" not in helps["max_minutes"]
+
+
 
 @pytest.mark.parametrize("objective", ["distill", "mixed", "lm"])
 def test_a_step_a_chunk_of_positions_at_a_time_has_the_whole_batchs_loss_and_gradients(objective):
