@@ -107,14 +107,22 @@ class ModelHost(LocalBackend):
 
         return Registry().path(meta)
 
-    def generate(self, request: EditorRequest, ctx: syntax.CursorContext, settings: Settings, cancel):
-        """Worker thread: one completion, stopped and trimmed by the syntax rules. Returns (text, CompletionResult)."""
+    def generate(self, request: EditorRequest, ctx: syntax.CursorContext, settings: Settings, cancel,
+                 progress: Callable[[str], None] | None = None):
+        """Worker thread: one completion, stopped and trimmed by the syntax rules. Returns (text, CompletionResult).
+        progress(text): told each text the stop rules let go on (the scheduler's early answer)."""
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)  # the setting caps every completion at the cursor's line
         asked = self.repository_context(backend_request(request, settings))
         # the adapter the scheduler resolved for the request (and attributed it to), not looked up again
-        result = self.complete(asked, syntax.stop_predicate(ctx), cancel, request.resolved_adapter)
+        result = self.complete(asked, syntax.reporting(syntax.stop_predicate(ctx), progress), cancel,
+                               request.resolved_adapter)
         return syntax.finalize(ctx, result.text, result.stop_reason), result
+
+    def prefill(self, request: EditorRequest, settings: Settings, cancel) -> bool:
+        """Worker thread: the request's prompt into the KV caches before it is generated (LocalBackend.prefill)."""
+        asked = self.repository_context(backend_request(request, settings))
+        return super().prefill(asked, cancel, request.resolved_adapter)
 
 
 def backend_request(request: EditorRequest, settings: Settings) -> backends.CompletionRequest:

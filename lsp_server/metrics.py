@@ -44,6 +44,12 @@ class RequestRecord:
     speculation: str = "reported"
     # per drafter source: {source: {"drafted": n, "accepted": n, "passes": n}} (source_metrics.py)
     by_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    # where a model answer's time went: queue (request received -> the model's worker began: debounce and the wait
+    # for the model), then prefill and decode; early: answered with its first lines before the generation ended
+    # (latency_ms is then the answer's, and the stats the whole generation's)
+    queue_ms: float = 0.0
+    prefill_seconds: float = 0.0
+    early: bool = False
 
 
 NOT_REPORTED = "not reported"

@@ -100,14 +100,15 @@ class RemoteHost(Reconfigurable):
     def stats(self) -> dict:
         return self.backend.stats()
 
-    def generate(self, request, ctx: syntax.CursorContext, settings, cancel):
-        """Pool thread: one completion, stopped and trimmed by the same syntax rules as a local one."""
+    def generate(self, request, ctx: syntax.CursorContext, settings, cancel, progress=None):
+        """Pool thread: one completion, stopped and trimmed by the same syntax rules as a local one; progress as
+        ModelHost.generate's (the text streamed so far)."""
         if not settings.multiline:
             ctx = replace(ctx, multiline=False)
         from lsp_server.hosts import backend_request
 
         asked = self.backend.repository_context(backend_request(request, settings))
-        result = self.backend.complete(asked, syntax.stop_predicate(ctx), cancel)
+        result = self.backend.complete(asked, syntax.reporting(syntax.stop_predicate(ctx), progress), cancel)
         self.adapter = result.stats.get("adapter", "")
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 

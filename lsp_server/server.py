@@ -27,6 +27,9 @@ from lsp_server.service import CompletionService
 from lsp_server.settings import Settings
 
 
+SUGGESTION_READY = "specdec/suggestionReady"
+
+
 class SpecdecServer(LanguageServer):
     def __init__(self, metrics: MetricsStore | None = None):
         super().__init__("specdec", "0.1.0", max_workers=4)
@@ -38,9 +41,16 @@ class SpecdecServer(LanguageServer):
         self.service = CompletionService(self.host, self.metrics, self.settings)
         self.indexing = Indexing(self)
         self.service.on_accept = self.indexing.accepted
+        self.service.on_ready = self.suggestion_ready
         self.metrics.index_stats = self.indexing.stats  # Prometheus
         self.configuration = Configuration(self)
         self.finetuning = Finetuning(self)
+
+    def suggestion_ready(self, uri: str) -> None:
+        """specdec/suggestionReady: a suggestion answered with its first lines is whole now; the editor may ask
+        again at the cursor (the cache answers at once). VS Code's client does; other editors get it at the next
+        keystroke that matches it (type-ahead)."""
+        self.protocol.notify(SUGGESTION_READY, {"uri": uri})
 
     def show_message(self, kind: types.MessageType, message: str) -> None:
         """window/showMessage from any thread (a host's warnings come from its worker)."""

@@ -1,10 +1,15 @@
 """Completion scheduling between the editor's requests and the engine.
 
-Order of business for a request: type-ahead and cache answer at once; otherwise wait
-out the debounce (a newer request for the document wins), cancel the document's
-running generation, wait for the model (stale waiters are dropped: newest first), and
-generate in the model's single worker thread with a cancel token the loop checks
-between steps. `$/cancelRequest` cancels the awaiting task, which sets that token.
+Order of business for a request: type-ahead and cache answer at once; otherwise cancel the document's
+running work for another prompt (its prefill stops within a layer), start prefilling this prompt on the
+model's worker while the debounce runs (a newer request for the document wins), wait for the model (stale
+waiters are dropped: newest first), and generate in the model's single worker thread with a cancel token the
+loop checks between steps. `$/cancelRequest` cancels the awaiting task, which sets that token.
+
+The first line first: while the user types, a multi-line suggestion is answered once its first line is
+complete (and any request once `maxPredictMs` have passed, with its complete lines); the generation goes on
+in the background into the cache and the type-ahead, and `on_ready` tells the editor the whole suggestion is
+there. What is shown is always a prefix of the target's own answer for the prompt (syntax.ready_lines).
 
 The host (lsp_server/hosts.py: the in-process models and their single worker, or a remote engine) computes; this
 module decides when, and for which request.
@@ -19,7 +24,7 @@ import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from lsp_server import source_metrics
@@ -50,6 +55,8 @@ class EditorRequest:
     adapter: str = ""  # name@version of the workspace's draft adapter, "" for the base draft
     # what the host's adapter_for returned for it (None: the base draft), looked up once: the host drafts with it
     resolved_adapter: object = field(default=UNRESOLVED, repr=False)
+    prefetch: bool = False  # asked by the server itself (after an accept): no debounce, nobody waits on it
+    started: float = 0.0  # when the model's worker began its generation (perf_counter), for the metrics
 
     @classmethod
     def at(cls, uri: str, language: str, workspace: str, prefix: str, suffix: str, invoked: bool = False,
@@ -68,6 +75,17 @@ class Suggestion:
     adapter: str = ""
     context: str = ""  # the end of the text before the cursor: an accepted suggestion is indexed with it
     document: str = ""  # the request's document (its index key): the file filter judges the accepted text by it
+    request: EditorRequest | None = field(default=None, repr=False)  # what it answered: the prefetch after accept
+
+
+@dataclass
+class Run:
+    """A generation as the scheduler saw it: the editor's answer, and whether the generation goes on after it."""
+
+    text: str | None  # what the editor is answered (the whole text, or the complete lines so far); None: nothing
+    whole: object | None  # the CompletionResult where the generation ended before the answer, else None
+    job: asyncio.Future | None  # the generation's (text, result), where it goes on after an early answer
+    answered_ms: float  # request received -> answer
 
 
 class CompletionService:
@@ -79,15 +97,19 @@ class CompletionService:
         # uri -> (prefix, suffix, suggestion, settings.output_key()) for type-ahead; bounded, and dropped
         # when the document closes
         self.last: OrderedDict[str, tuple[str, str, str, tuple]] = OrderedDict()
-        self.latest: dict[str, int] = {}  # uri -> newest request number
-        self.running: dict[str, object] = {}  # uri -> CancelToken of its generation
+        self.latest: dict[str, tuple[int, tuple]] = {}  # uri -> (newest request number, its key)
+        self.running: dict[str, object] = {}  # uri -> CancelToken of its generation, or of its early prefill
+        self._running_key: dict[str, tuple] = {}  # uri -> the key that work is for
         self.shown: OrderedDict[str, Suggestion] = OrderedDict()  # id -> suggestion, for acceptance
         self.inflight: dict[tuple, asyncio.Future] = {}  # key -> text of the generation under way
         self._numbers = itertools.count(1)
         self._model_turn = asyncio.Lock()
         self._waiting: list[int] = []
-        self.counters = {"cancelled": 0, "superseded": 0, "dropped": 0, "errors": 0}
+        self.counters = {"cancelled": 0, "superseded": 0, "dropped": 0, "errors": 0, "prefetched": 0}
         self.on_accept: Callable[[Suggestion], None] = lambda suggestion: None  # e.g. index what the user took
+        # a suggestion answered early grew whole in the background: the editor may ask again (the cache answers)
+        self.on_ready: Callable[[str], None] = lambda uri: None
+        self._background: set[asyncio.Future] = set()  # generations going on after their early answer, prefetches
         self.online = OnlineAdaptation(host, metrics, settings)  # the draft adapter learns from accepted completions
         self.traces = TraceStore()  # the pass traces of each document's latest model completions (specdec/trace)
         self._syntax = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-syntax")
@@ -135,30 +157,50 @@ class CompletionService:
             return text[len(typed) :]
         return None
 
-    def _finish(self, request: EditorRequest, text: str, source: str, generation=None) -> Suggestion | None:
-        latency_ms, c = (time.perf_counter() - request.received) * 1000, request.completion
-        record = RequestRecord(time.time(), c.language, c.workspace, source, latency_ms,
-                               shown=bool(text), adapter=request.adapter)
-        if generation is not None:  # a backend's CompletionResult: the engine's GenerationStats fields, or a remote
-            s = generation.stats    # engine's counts (with "engine", "speculation" and its adapter)
-            record.engine, record.speculation = s.get("engine", "local"), s.get("speculation", "reported")
-            record.new_tokens, record.produced = s.get("new_tokens") or 0, s.get("produced") or 0
-            record.drafted, record.accepted = s.get("drafted") or 0, s.get("accepted") or 0
-            record.target_passes = s.get("target_passes") or 0
-            record.decode_seconds = s.get("seconds", 0.0) - s.get("prefill_seconds", 0.0)
-            record.prefill_reused, record.prefill_computed = s.get("prefill_reused", 0), s.get("prefill_computed", 0)
-            record.by_source = source_metrics.from_stats(s)
-            record.adapter = s.get("adapter") or record.adapter
-        self.metrics.add(record)
+    def _finish(self, request: EditorRequest, text: str, source: str, generation=None,
+                early: bool = False) -> Suggestion | None:
+        """The suggestion the editor is answered (None for no text), and its metrics record unless it was answered
+        early (the background records it when the generation ends, with its stats)."""
+        if request.prefetch:  # nobody was answered: the cache and the type-ahead hold it (_done)
+            self.counters["prefetched"] += bool(text)
+            return None
+        if not early:
+            self._record(request, source, generation, shown=bool(text))
         if not text:
             return None
+        c = request.completion
         suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, c.language, c.workspace, request.adapter,
-                                c.prefix[-ACCEPTED_CONTEXT_CHARS:], c.document)
+                                c.prefix[-ACCEPTED_CONTEXT_CHARS:], c.document, request)
         self.shown[suggestion.id] = suggestion
         self.online.served(suggestion, request, generation)
         while len(self.shown) > 256:
             self.shown.popitem(last=False)
         return suggestion
+
+    def _record(self, request: EditorRequest, source: str, generation=None, shown: bool = False,
+                latency_ms: float | None = None, early: bool = False) -> None:
+        """One metrics record: latency_ms is what the editor waited (now - received unless given); a backend's
+        CompletionResult adds the engine's GenerationStats fields, or a remote engine's counts (with "engine",
+        "speculation" and its adapter), and where the time went (queue: debounce and waiting for the model)."""
+        if latency_ms is None:
+            latency_ms = (time.perf_counter() - request.received) * 1000
+        c = request.completion
+        record = RequestRecord(time.time(), c.language, c.workspace, source, latency_ms, shown=shown,
+                               adapter=request.adapter, early=early)
+        if generation is not None:
+            s = generation.stats
+            record.engine, record.speculation = s.get("engine", "local"), s.get("speculation", "reported")
+            record.new_tokens, record.produced = s.get("new_tokens") or 0, s.get("produced") or 0
+            record.drafted, record.accepted = s.get("drafted") or 0, s.get("accepted") or 0
+            record.target_passes = s.get("target_passes") or 0
+            record.decode_seconds = s.get("seconds", 0.0) - s.get("prefill_seconds", 0.0)
+            record.prefill_seconds = s.get("prefill_seconds", 0.0)
+            record.prefill_reused, record.prefill_computed = s.get("prefill_reused", 0), s.get("prefill_computed", 0)
+            record.by_source = source_metrics.from_stats(s)
+            record.adapter = s.get("adapter") or record.adapter
+        if request.started:
+            record.queue_ms = (request.started - request.received) * 1000
+        self.metrics.add(record)
 
     def accept(self, suggestion_id: str) -> bool:
         suggestion = self.shown.pop(suggestion_id, None)
@@ -167,7 +209,25 @@ class CompletionService:
         self.metrics.accepted(suggestion.language, suggestion.workspace, suggestion.adapter)
         self.on_accept(suggestion)
         self.online.accepted_suggestion(suggestion_id)
+        self._prefetch_after(suggestion)
         return True
+
+    def _prefetch_after(self, accepted: Suggestion) -> None:
+        """The suggestion at the cursor the accept leaves (the text before it plus the accepted text), generated
+        now into the cache: the editor's next request there is answered from it (llama.vscode's "cache future
+        suggestion"). Nothing where no event loop runs (a caller outside the server)."""
+        origin = accepted.request
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if origin is None or not self.settings.language_enabled(accepted.language):
+            return
+        c = origin.completion
+        ahead = EditorRequest(origin.uri, replace(c, prefix=c.prefix + accepted.text, trace=False), prefetch=True)
+        task = loop.create_task(self.complete(ahead))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def complete(self, request: EditorRequest) -> Suggestion | None:
         self.online.begin_request(request)  # an online refresh stops before any generation
@@ -201,44 +261,106 @@ class CompletionService:
             return None
 
         number = next(self._numbers)
-        self.latest[request.uri] = number
-        if settings.debounce_ms and not request.invoked:
+        self.latest[request.uri] = (number, key)
+        self._supersede(request.uri, key)  # the document's work for another prompt is out of date now
+        if settings.debounce_ms and not request.invoked and not request.prefetch:
+            self._prefill_early(request, key, settings)  # the debounce's wait is the prefill's time
             await asyncio.sleep(settings.debounce_ms / 1000)
-            if self.latest.get(request.uri) != number:
+            if self.latest.get(request.uri, (None,))[0] != number:
                 self.counters["superseded"] += 1
                 return None
         shared = self.inflight.get(key)
         if shared is not None:  # the same prompt is being generated (e.g. completion + inline): share it
             text = await asyncio.shield(shared)
             return self._finish(request, text, "cache") if text else None
-        previous = self.running.get(request.uri)
-        if previous is not None:
-            previous.cancel()  # the newer request supersedes the running generation
-        outcome = asyncio.get_running_loop().create_future()
+        outcome = asyncio.get_running_loop().create_future()  # the first answer, for requests sharing it
         self.inflight[key] = outcome
-        generation = None
         request.completion.trace = self.traces.asked  # p and q in the pass trace, once a client asked for traces
+        run = None
         try:
-            generation = await self._generate(request, ctx, settings, number)
+            run = await self._generate(request, ctx, settings, number, key)
         finally:
-            del self.inflight[key]
-            # an engine failure (remote) answers empty and, like a cancel, leaves nothing in the cache
-            done = generation is not None and generation[1].stop_reason not in ("cancelled", "error")
-            outcome.set_result(generation[0] if done else "")
-        if not done:
+            answered = run is not None and run.text is not None
+            outcome.set_result(run.text if answered else "")
+            if run is None or run.job is None:  # else the background holds it until the generation ends
+                del self.inflight[key]
+        if not answered:
             return None
-        text, result = generation
+        if run.job is None:  # the generation ended before any early answer
+            return self._done(request, key, run.text, run.whole, settings)
+        # answered early: the type-ahead serves the shown lines now, the rest when the background ends
+        self._remember(request, run.text, settings)
+        suggestion = self._finish(request, run.text, "model", early=True)
+        task = asyncio.ensure_future(self._complete_in_background(request, key, run, settings, suggestion))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return suggestion
+
+    def _done(self, request: EditorRequest, key: tuple, text: str, result, settings: Settings,
+              record: bool = True) -> Suggestion | None:
+        """A whole generation: into the cache, the type-ahead and the traces; the suggestion (record: made here)."""
         if getattr(result, "trace", None) is not None:
             tokenizer = self.host.tokenizer()  # a remote engine's trace holds its counts only: no ids to decode
             self.traces.add(request.uri, result.trace, tokenizer.decode if tokenizer is not None else None, text)
         self.cache[key] = text
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
+        self._remember(request, text, settings)
+        return self._finish(request, text, "model", result) if record else None
+
+    def _remember(self, request: EditorRequest, text: str, settings: Settings) -> None:
+        """The document's last suggestion, for type-ahead."""
         self.last[request.uri] = (request.completion.prefix, request.completion.suffix, text, settings.output_key())
         self.last.move_to_end(request.uri)
         while len(self.last) > MAX_DOCUMENTS:
             self.last.popitem(last=False)
-        return self._finish(request, text, "model", result)
+
+    async def _complete_in_background(self, request: EditorRequest, key: tuple, run, settings: Settings,
+                                      shown: Suggestion | None) -> None:
+        """The rest of a suggestion answered early: the whole one into the cache and the type-ahead (unless the
+        document moved on: its next request cancelled it), the request's metrics record, and `on_ready`."""
+        try:
+            generation = await run.job
+        except Exception as exc:  # noqa: BLE001 - reported by _generate's job callback already
+            generation = None
+            log.error("generation failed for %s: %s", request.uri, exc)
+        finally:
+            del self.inflight[key]
+        done = generation is not None and generation[1].stop_reason not in ("cancelled", "error")
+        self._record(request, "model", generation[1] if generation else None, shown=True,
+                     latency_ms=run.answered_ms, early=True)
+        if not done:
+            return
+        text, result = generation
+        self._done(request, key, text, result, settings, record=False)
+        if shown is not None and text != shown.text:
+            shown.text = text  # an accept after this counts (and indexes) the whole suggestion
+            self.on_ready(request.uri)
+
+    def _supersede(self, uri: str, key: tuple) -> None:
+        """Cancel the document's running generation or early prefill unless it is for this very prompt."""
+        token = self.running.get(uri)
+        if token is not None and self._running_key.get(uri) != key:
+            token.cancel()
+
+    def _prefill_early(self, request: EditorRequest, key: tuple, settings: Settings) -> None:
+        """Start the prompt's prefill on the model's worker now, cancelled by the document's next request: the
+        generation after the debounce then finds the prompt in the KV cache."""
+        prefill = getattr(self.host, "prefill", None)
+        if prefill is None:
+            return
+        from specdec.engine.session import CancelToken
+
+        token = CancelToken()
+        self.running[request.uri], self._running_key[request.uri] = token, key
+
+        def forget(_) -> None:
+            if self.running.get(request.uri) is token:
+                del self.running[request.uri]
+
+        job = asyncio.get_running_loop().run_in_executor(self.host.executor, prefill, request, settings, token)
+        job.add_done_callback(forget)
+        job.add_done_callback(lambda done: done.cancelled() or done.exception())  # failures show in the generation
 
     async def _analyze(self, request: EditorRequest) -> syntax.CursorContext:
         """tree-sitter parses up to 40,000 characters around the cursor (tens of ms in a big document), off the event
@@ -247,32 +369,79 @@ class CompletionService:
         return await asyncio.get_running_loop().run_in_executor(self._syntax, syntax.analyze, c.language, c.prefix,
                                                                 c.suffix)
 
-    async def _generate(self, request, ctx, settings, number):
+    async def _generate(self, request: EditorRequest, ctx: syntax.CursorContext, settings: Settings, number: int,
+                        key: tuple) -> Run | None:
+        """Wait for the model's turn (dropped when the document's newest request asks another prompt, or newer ones
+        wait), then generate on its worker until the whole text, or an early answer (_early_watch), is there. The
+        turn is held until the worker has stopped, whatever the caller does."""
         from specdec.engine.session import CancelToken
 
         self._waiting.append(number)
         try:
-            async with self._model_turn:
-                newer = sum(1 for n in self._waiting if n > number)
-                if self.latest.get(request.uri) != number or newer >= MAX_WAITING:
-                    self.counters["dropped"] += 1
-                    return None
-                token = CancelToken()
-                self.running[request.uri] = token
-                loop = asyncio.get_running_loop()
-                job = loop.run_in_executor(self.host.executor, self.host.generate, request, ctx, settings, token)
-                try:
-                    return await asyncio.shield(job)
-                except asyncio.CancelledError:
-                    token.cancel()  # $/cancelRequest: the decode loop stops at its next step
-                    await asyncio.wait([job])  # keep the model turn until the worker has stopped
-                    raise
-                except Exception as exc:  # a model failure answers empty; the server stays up
-                    self.counters["errors"] += 1
-                    log.error("generation failed for %s: %s", request.uri, exc)
-                    return None
-                finally:
-                    if self.running.get(request.uri) is token:
-                        del self.running[request.uri]
+            await self._model_turn.acquire()
+            newer = sum(1 for n in self._waiting if n > number)
         finally:
             self._waiting.remove(number)
+        if self.latest.get(request.uri, (None, None))[1] != key or newer >= MAX_WAITING:
+            self._model_turn.release()
+            self.counters["dropped"] += 1
+            return None
+        uri, token = request.uri, CancelToken()
+        self.running[uri], self._running_key[uri] = token, key
+        loop = asyncio.get_running_loop()
+        early = loop.create_future()
+        watch = self._early_watch(request, ctx, settings, early, loop)
+
+        def work():
+            request.started = time.perf_counter()
+            return self.host.generate(request, ctx, settings, token, watch)
+
+        job = loop.run_in_executor(self.host.executor, work)
+
+        def stopped(_) -> None:
+            if self.running.get(uri) is token:
+                del self.running[uri]
+            self._model_turn.release()
+
+        job.add_done_callback(stopped)
+        try:
+            await asyncio.wait([job, early], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            token.cancel()  # $/cancelRequest: the decode loop stops at its next step
+            await asyncio.wait([job])  # answered once the worker has stopped
+            raise
+        answered_ms = (time.perf_counter() - request.received) * 1000
+        if not job.done():
+            return Run(early.result(), None, job, answered_ms)
+        try:
+            text, result = job.result()
+        except Exception as exc:  # a model failure answers empty; the server stays up
+            self.counters["errors"] += 1
+            log.error("generation failed for %s: %s", request.uri, exc)
+            return None
+        # an engine failure (remote) answers empty and, like a cancel, leaves nothing in the cache
+        done = result.stop_reason not in ("cancelled", "error")
+        return Run(text if done else None, result if done else None, None, answered_ms)
+
+    def _early_watch(self, request: EditorRequest, ctx: syntax.CursorContext, settings: Settings,
+                     early: asyncio.Future, loop) -> Callable[[str], None] | None:
+        """What the worker tells each text the stop rules let go on: once it holds complete lines (ready_lines),
+        the editor is answered with them: at the first while the user types (firstLineFirst), else once
+        maxPredictMs have passed since the request came. None where nothing is answered early."""
+        multiline = ctx.multiline and settings.multiline
+        first_line = settings.first_line_first and multiline and not request.invoked and not request.prefetch
+        deadline = request.received + settings.max_predict_ms / 1000 if settings.max_predict_ms else None
+        if not multiline or request.prefetch or (not first_line and deadline is None):
+            return None
+        said = False
+
+        def progress(text: str) -> None:
+            nonlocal said
+            if said or not (first_line or time.perf_counter() >= deadline):
+                return
+            lines = syntax.ready_lines(ctx, text)
+            if lines:
+                said = True
+                loop.call_soon_threadsafe(lambda: early.done() or early.set_result(lines))
+
+        return progress

@@ -135,6 +135,14 @@ class Settings:
                                       "files, or with a remote engine the repository index's chunks for the cursor.",
                                       min=0, max=4096)
     multiline: bool = setting(True, "Allow multi-line completions.")
+    first_line_first: bool = setting(True, "While you type, show a multi-line suggestion once its first line is "
+                                     "complete; the rest is generated in the background and served by the next "
+                                     "keystroke that matches it or by asking again (VS Code asks by itself).",
+                                     output=False)
+    max_predict_ms: int = setting(1000, "Milliseconds after a request at which a multi-line suggestion is shown with "
+                                  "the lines complete so far, the rest following in the background (llama.vim's "
+                                  "t_max_predict_ms); 0 waits for the whole suggestion.", min=50, max=60000, zero=True,
+                                  output=False)
     prometheus_port: int = setting(0, "Prometheus metrics on 127.0.0.1 at this port; 0 is off. A port that cannot "
                                    "be bound refuses the change; once it serves, a new port takes effect at restart.",
                                    min=1024, max=65535, zero=True, output=False)

@@ -343,6 +343,22 @@ class LocalBackend(Reconfigurable):
             self.completer.session.drafter.reset()
 
     # -- generation -----------------------------------------------------------------------------------
+    def prefill(self, request: CompletionRequest, cancel=None, adapter=UNRESOLVED) -> bool:
+        """Worker thread: the request's prompt into the target's (and the draft's) KV cache, as `complete` would
+        prefill it, so the completion that follows computes only its last token first; stops between chunks (the
+        native forward: between layers) once cancel is set. False when cancelled."""
+        self.use_adapter(request.workspace, adapter)
+        completer = self.completer
+        self.idle.clear()
+        try:
+            return completer.prefill(request.prefix, request.suffix, request.max_new_tokens, request.path or None,
+                                     cancel, request.context)
+        except Exception:
+            completer.session.reset()  # a half-updated cache must not poison the next request
+            raise
+        finally:
+            self.idle.set()
+
     def complete(self, request: CompletionRequest, stop=None, cancel=None, adapter=UNRESOLVED) -> CompletionResult:
         """Worker thread: one completion, the text as the engine generated it (stopped by `stop`). adapter: the
         workspace's draft adapter as the caller resolved it (the server: once per request, `adapter_for`; None:

@@ -111,6 +111,20 @@ def stop_predicate(ctx: CursorContext, max_lines: int = 24):
     return multi_line if ctx.multiline else single_line
 
 
+def reporting(stop, progress):
+    """The stop predicate, telling progress(text) each text it lets go on (None: the predicate as it is)."""
+    if progress is None:
+        return stop
+
+    def predicate(text: str):
+        cut = stop(text)
+        if cut is None:
+            progress(text)
+        return cut
+
+    return predicate
+
+
 def _substantial(line: str) -> bool:
     """Worth matching against the suffix: not just a closing brace or punctuation."""
     return len(line.strip("{}()[];, ")) >= 3
@@ -125,9 +139,7 @@ def finalize(ctx: CursorContext, text: str, stop_reason: str) -> str:
     if ctx.multiline:
         if stop_reason == "max_tokens" and "\n" in text:
             text = text[: text.rfind("\n")]
-        text = text.rstrip()
-        while ctx.language in INDENT_BLOCKS and "\n" in text and text.rstrip().endswith(":"):
-            text = text[: text.rfind("\n")].rstrip()  # a block opener without its body
+        text = _whole_lines(ctx, text)
     elif opens_line_above(ctx):
         if not text.strip() or text.strip() == ctx.line_after.strip():
             return ""  # nothing, or the existing line typed again
@@ -138,6 +150,25 @@ def finalize(ctx: CursorContext, text: str, stop_reason: str) -> str:
         text = text.rstrip("\n")
         text = _drop_suffix_overlap(ctx, text)
     return text
+
+
+def _whole_lines(ctx: CursorContext, text: str) -> str:
+    """A multi-line completion's end: no trailing blanks, no block opener left without its body."""
+    text = text.rstrip()
+    while ctx.language in INDENT_BLOCKS and "\n" in text and text.endswith(":"):
+        text = text[: text.rfind("\n")].rstrip()
+    return text
+
+
+def ready_lines(ctx: CursorContext, text: str) -> str | None:
+    """What of a multi-line completion under way can be shown already: its complete lines, trimmed as finalize
+    trims, once one of them holds code; else None. `text` must be one the stop predicate let go on: its rules
+    judge a line once it is complete, so a later cut falls at the end of these lines or after them, and the
+    final text starts with what this returns (the first line first, issue #50)."""
+    if not ctx.multiline or "\n" not in text:
+        return None
+    lines = _whole_lines(ctx, text[: text.rfind("\n")])
+    return lines if lines.strip() else None
 
 
 def opens_line_above(ctx: CursorContext) -> bool:

@@ -86,7 +86,7 @@ class PrefixSync:
         todo = context[reused:]
         logits = None
         for start in range(0, len(todo), PREFILL_CHUNK):
-            if should_stop is not None and start > 0 and should_stop():
+            if should_stop is not None and should_stop():
                 raise Cancelled()
             logits = self.prefill_chunk(todo[start : start + PREFILL_CHUNK], should_stop)
         return logits[-1], reused, len(todo)

@@ -167,6 +167,20 @@ class Session:
         if self.drafter is not None:
             self.drafter.reset()
 
+    def prefill(self, prompt: list[int], cancel: CancelToken | None = None) -> bool:
+        """The prompt into the target's and the drafter's caches, nothing generated: what `generate` does first,
+        done ahead (the editor's debounce), so a generate of this prompt then reuses all of it but the last token.
+        False when cancel stopped it (between chunks; the native forward: between layers)."""
+        cancelled = (lambda: cancel.cancelled) if cancel else (lambda: False)
+        with self.lock:
+            try:
+                self.target.sync(prompt, cancelled)
+                if self.drafter is not None:
+                    self.drafter.prefill(prompt, cancelled)
+            except Cancelled:
+                return False
+        return True
+
     def generate(self, prompt: list[int], config: GenerationConfig | None = None,
                  stop: StopPredicate | None = None, cancel: CancelToken | None = None,
                  request: RequestContext | None = None) -> Generation:

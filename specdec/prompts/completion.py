@@ -95,6 +95,11 @@ class Completer:
                         self.max_suffix_tokens, capacity, max_new_tokens, prefix_budget, suffix_budget)
         return prefix_budget, suffix_budget
 
+    def prefill(self, prefix: str, suffix: str, max_new_tokens: int, path: str | None = None,
+                cancel: CancelToken | None = None, context: str = "") -> bool:
+        """The prompt `complete` would generate from, into the session's caches now (Session.prefill)."""
+        return self.session.prefill(self.prompt(prefix, suffix, path, context, max_new_tokens).ids, cancel)
+
     def complete(self, prefix: str, suffix: str, config: GenerationConfig, path: str | None = None,
                  stop: StopPredicate | None = None, cancel: CancelToken | None = None,
                  context: str = "", request: RequestContext | None = None) -> Generation:

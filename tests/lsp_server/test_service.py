@@ -27,7 +27,7 @@ class FakeHost:
     def adapter_for(self, workspace):
         return None
 
-    def generate(self, request, ctx, settings, cancel):
+    def generate(self, request, ctx, settings, cancel, progress=None):
         self.calls.append(request.completion.prefix)
         self.traced.append(request.completion.trace)
         if self.fail:
@@ -39,6 +39,8 @@ class FakeHost:
                 return out, CompletionResult(out, "cancelled", GenerationStats().as_dict())
             time.sleep(self.step)
             out += ch
+            if progress is not None:
+                progress(out)
         stats = GenerationStats(new_tokens=len(out), produced=len(out) + 1, drafted=10, accepted=7, target_passes=4,
                                 seconds=0.3)
         return out, CompletionResult(out, "eos", stats.as_dict())

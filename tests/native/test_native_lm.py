@@ -118,13 +118,13 @@ def test_a_cancel_lands_between_layers_of_a_prefill_chunk(model):
     lm = model.new_cached_lm()
     calls = []
 
-    def stop_in_second_chunk():  # the first chunk runs whole; the second stops before its third layer
+    def stop_in_second_chunk():  # asked before each chunk and each layer: the second chunk stops in its layers
         calls.append(len(lm.tokens))
-        return len(calls) > layers + 2
+        return len(calls) > layers + 3
 
     with pytest.raises(Cancelled):
         lm.sync(context, stop_in_second_chunk)
-    assert len(calls) == layers + 3 and lm.tokens == context[:PREFILL_CHUNK]
+    assert len(calls) == layers + 4 and lm.tokens == context[:PREFILL_CHUNK]
     logits, reused, computed = lm.sync(context)
     assert (reused, computed) == (PREFILL_CHUNK, len(context) - PREFILL_CHUNK)
     assert torch.equal(logits, fresh(model, context)[-1])

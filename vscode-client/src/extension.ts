@@ -210,6 +210,12 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       }
     }),
   );
+  // a suggestion shown with its first lines is whole now: ask again at the cursor, the server's cache answers
+  context.subscriptions.push(client.onNotification("specdec/suggestionReady", (params: { uri: string }) => {
+    if (vscode.window.activeTextEditor?.document.uri.toString() === params.uri) {
+      void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+    }
+  }));
   const timer = setInterval(() => void pollStats(), POLL_MS);
   context.subscriptions.push({ dispose: () => clearInterval(timer) });
   try {

@@ -30,6 +30,8 @@ export interface ServerSettings {
   snippetsFromOpenFiles: boolean;
   maxSnippetTokens: number;
   multiline: boolean;
+  firstLineFirst: boolean;
+  maxPredictMs: number;
   prometheusPort: number;
   adapters: boolean;
   repoIndex: boolean;
@@ -69,6 +71,8 @@ export const SERVER_DEFAULTS: ServerSettings = {
   snippetsFromOpenFiles: true,
   maxSnippetTokens: 256,
   multiline: true,
+  firstLineFirst: true,
+  maxPredictMs: 1000,
   prometheusPort: 0,
   adapters: true,
   repoIndex: true,
@@ -108,6 +112,8 @@ export const SERVER_KEYS: readonly (keyof ServerSettings)[] = [
   "snippetsFromOpenFiles",
   "maxSnippetTokens",
   "multiline",
+  "firstLineFirst",
+  "maxPredictMs",
   "prometheusPort",
   "adapters",
   "repoIndex",
