@@ -113,3 +113,25 @@ def test_both_rows_come_from_the_same_arithmetic():
     for key in ("answered", "model_answers", "model_p50_ms", "model_p95_ms", "suggestion_p50_ms",
                 "suggestion_p95_ms", "prefill_reuse_rate"):
         assert a[key] == pytest.approx(b[key]), key
+
+
+def test_pauses_count_the_keystrokes_typing_stopped_after_and_whether_a_suggestion_came_in_time():
+    """Issue #50 item 4: a pause is >= 300 ms without typing after a keystroke; it counts as answered when that
+    keystroke's suggestion was on screen within 300 ms."""
+    from types import SimpleNamespace
+
+    typed = [  # (sent, done, status)
+        (0.00, 0.10, "served"),  # the next keystroke 0.1 s later: no pause
+        (0.10, 0.30, "served"),  # a 1 s pause, answered in 200 ms
+        (1.10, 1.80, "served"),  # a 2 s pause, answered in 700 ms: too late
+        (3.10, 3.20, "empty"),  # a pause with nothing to show
+        (3.50, 3.60, "served"),  # the last keystroke: a pause, answered in 100 ms
+    ]
+    records = [SimpleNamespace(sent=s, done=d, status=st) for s, d, st in typed]
+    assert editor_llama.pauses(records) == (4, 2)
+    server = [{"kind": "request", "source": "model", "latency_ms": 200.0, "shown": True, "prefill_reused": 0,
+               "prefill_computed": 10, "queue_ms": 120.0, "prefill_seconds": 0.05, "decode_seconds": 0.03}]
+    row = editor_llama.summarize_ours(records, server)
+    assert (row["pauses"], row["pause_hits"], row["pause_share"]) == (4, 2, 0.5)
+    assert (row["queue_p50_ms"], row["prefill_p50_ms"], row["decode_p50_ms"]) == \
+        (120.0, pytest.approx(50.0), pytest.approx(30.0))
