@@ -119,10 +119,12 @@ class ModelHost(LocalBackend):
                                request.resolved_adapter)
         return syntax.finalize(ctx, result.text, result.stop_reason), result
 
-    def prefill(self, request: EditorRequest, settings: Settings, cancel) -> bool:
+    def prefill(self, request: EditorRequest, settings: Settings, cancel, closed=None) -> bool:
         """Worker thread: the request's prompt into the KV caches before it is generated (LocalBackend.prefill)."""
+        if closed is not None and closed.cancelled:
+            return False
         asked = self.repository_context(backend_request(request, settings))
-        return super().prefill(asked, cancel, request.resolved_adapter)
+        return super().prefill(asked, cancel, request.resolved_adapter, closed)
 
 
 def backend_request(request: EditorRequest, settings: Settings) -> backends.CompletionRequest:

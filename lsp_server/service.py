@@ -79,6 +79,47 @@ class Suggestion:
 
 
 @dataclass
+class Prefilling:
+    """An early prefill on the model's worker: `token` stops it once superseded, but for the lines above its cursor,
+    which the next keystrokes share; `closed` stops those too (the document closed, or the cursor left them)."""
+
+    request: EditorRequest
+    key: tuple
+    token: object
+    closed: object
+
+
+def lines_above(request: EditorRequest) -> str:
+    """The text before the cursor's line: what typing on that line leaves as it is."""
+    prefix = request.completion.prefix
+    return prefix[: prefix.rfind("\n") + 1]
+
+
+@dataclass
+class Generating:
+    """A generation on the model's worker: whose request, its cancel token and future, and the raw text it has made
+    so far (the worker writes it), so a keystroke that types through it can wait for its suggestion."""
+
+    request: EditorRequest
+    key: tuple
+    token: object
+    job: asyncio.Future | None = None
+    made: str = ""
+    settled: asyncio.Future | None = None  # done once its text is in the cache and the type-ahead (or it failed)
+
+
+def continues(old: EditorRequest, new: EditorRequest, made: str) -> bool:
+    """Whether `new` is `old` with characters typed at the cursor that the old generation made, as far as it made
+    them: the user is typing through the suggestion under way, whose type-ahead will answer. Nothing made yet
+    says nothing: no."""
+    a, b = old.completion, new.completion
+    if not made or a.suffix != b.suffix or len(b.prefix) <= len(a.prefix) or not b.prefix.startswith(a.prefix):
+        return False
+    typed = b.prefix[len(a.prefix) :]
+    return made.startswith(typed) or typed.startswith(made)
+
+
+@dataclass
 class Run:
     """A generation as the scheduler saw it: the editor's answer, and whether the generation goes on after it."""
 
@@ -86,6 +127,7 @@ class Run:
     whole: object | None  # the CompletionResult where the generation ended before the answer, else None
     job: asyncio.Future | None  # the generation's (text, result), where it goes on after an early answer
     answered_ms: float  # request received -> answer
+    gen: Generating | None = None  # settled by whoever handles its end
 
 
 class CompletionService:
@@ -98,8 +140,9 @@ class CompletionService:
         # when the document closes
         self.last: OrderedDict[str, tuple[str, str, str, tuple]] = OrderedDict()
         self.latest: dict[str, tuple[int, tuple]] = {}  # uri -> (newest request number, its key)
-        self.running: dict[str, object] = {}  # uri -> CancelToken of its generation, or of its early prefill
-        self._running_key: dict[str, tuple] = {}  # uri -> the key that work is for
+        self._newest: dict[str, tuple[tuple, EditorRequest]] = {}  # uri -> (key, request) of its newest request
+        self.generating: dict[str, Generating] = {}  # uri -> its generation on the model's worker
+        self._prefilling: dict[str, Prefilling] = {}  # uri -> its early prefill
         self.shown: OrderedDict[str, Suggestion] = OrderedDict()  # id -> suggestion, for acceptance
         self.inflight: dict[tuple, asyncio.Future] = {}  # key -> text of the generation under way
         self._numbers = itertools.count(1)
@@ -137,11 +180,18 @@ class CompletionService:
         """didClose: a closed document's text must not stay in memory (the cache holds only bounded windows)."""
         self.last.pop(uri, None)
         self.latest.pop(uri, None)
+        self._newest.pop(uri, None)
         self.online.forget(uri)
         self.traces.forget(uri)
-        token = self.running.get(uri)
-        if token is not None:
-            token.cancel()
+        self._supersede(uri, None)
+
+    def cancel_all(self) -> None:
+        """Every generation and prefill stops at its next step (the server is exiting)."""
+        for gen in list(self.generating.values()):
+            gen.token.cancel()
+        for prefilling in list(self._prefilling.values()):
+            prefilling.token.cancel()
+            prefilling.closed.cancel()
 
     def _typeahead(self, request: EditorRequest) -> str | None:
         last = self.last.get(request.uri)
@@ -261,11 +311,24 @@ class CompletionService:
             return None
 
         number = next(self._numbers)
-        self.latest[request.uri] = (number, key)
-        self._supersede(request.uri, key)  # the document's work for another prompt is out of date now
+        self.latest[request.uri], self._newest[request.uri] = (number, key), (key, request)
+        # the document's work for another prompt is out of date now, unless this keystroke types through the
+        # suggestion its generation is making (the worker stops it the moment it makes something else)
+        through = self._typed_through(request, key)
+        self._supersede(request.uri, key, keep=through, newest=request)
         if settings.debounce_ms and not request.invoked and not request.prefetch:
-            self._prefill_early(request, key, settings)  # the debounce's wait is the prefill's time
+            if through is None:
+                self._prefill_early(request, key, settings)  # the debounce's wait is the prefill's time
             await asyncio.sleep(settings.debounce_ms / 1000)
+            if self.latest.get(request.uri, (None,))[0] != number:
+                self.counters["superseded"] += 1
+                return None
+        through = self._typed_through(request, key)
+        if through is not None:  # its suggestion answers by type-ahead once it is whole
+            await asyncio.shield(through.settled)
+            text = self._typeahead(request)
+            if text is not None:
+                return self._finish(request, text, "typeahead")
             if self.latest.get(request.uri, (None,))[0] != number:
                 self.counters["superseded"] += 1
                 return None
@@ -284,10 +347,13 @@ class CompletionService:
             outcome.set_result(run.text if answered else "")
             if run is None or run.job is None:  # else the background holds it until the generation ends
                 del self.inflight[key]
+        if run is not None and run.job is None:  # the generation ended before any early answer
+            try:
+                return self._done(request, key, run.text, run.whole, settings) if answered else None
+            finally:
+                self._settle(run.gen)
         if not answered:
             return None
-        if run.job is None:  # the generation ended before any early answer
-            return self._done(request, key, run.text, run.whole, settings)
         # answered early: the type-ahead serves the shown lines now, the rest when the background ends
         self._remember(request, run.text, settings)
         suggestion = self._finish(request, run.text, "model", early=True)
@@ -320,28 +386,58 @@ class CompletionService:
         """The rest of a suggestion answered early: the whole one into the cache and the type-ahead (unless the
         document moved on: its next request cancelled it), the request's metrics record, and `on_ready`."""
         try:
-            generation = await run.job
-        except Exception as exc:  # noqa: BLE001 - reported by _generate's job callback already
-            generation = None
-            log.error("generation failed for %s: %s", request.uri, exc)
+            try:
+                generation = await run.job
+            except Exception as exc:  # noqa: BLE001 - a model failure: the early answer stays what was shown
+                generation = None
+                self.counters["errors"] += 1
+                log.error("generation failed for %s: %s", request.uri, exc)
+            finally:
+                del self.inflight[key]
+            done = generation is not None and generation[1].stop_reason not in ("cancelled", "error")
+            self._record(request, "model", generation[1] if generation else None, shown=True,
+                         latency_ms=run.answered_ms, early=True)
+            if not done:
+                return
+            text, result = generation
+            if shown is not None and not text.startswith(shown.text):  # ready_lines' promise broken: a bug
+                log.warning("a suggestion answered early is not the start of the whole one (%r, %r)", shown.text,
+                            text)
+            self._done(request, key, text, result, settings, record=False)
+            if shown is not None and text != shown.text:
+                shown.text = text  # an accept after this counts (and indexes) the whole suggestion
+                self.on_ready(request.uri)
         finally:
-            del self.inflight[key]
-        done = generation is not None and generation[1].stop_reason not in ("cancelled", "error")
-        self._record(request, "model", generation[1] if generation else None, shown=True,
-                     latency_ms=run.answered_ms, early=True)
-        if not done:
-            return
-        text, result = generation
-        self._done(request, key, text, result, settings, record=False)
-        if shown is not None and text != shown.text:
-            shown.text = text  # an accept after this counts (and indexes) the whole suggestion
-            self.on_ready(request.uri)
+            self._settle(run.gen)
 
-    def _supersede(self, uri: str, key: tuple) -> None:
-        """Cancel the document's running generation or early prefill unless it is for this very prompt."""
-        token = self.running.get(uri)
-        if token is not None and self._running_key.get(uri) != key:
-            token.cancel()
+    def _typed_through(self, request: EditorRequest, key: tuple) -> Generating | None:
+        """The document's generation under way for another prompt that this request types through (continues)."""
+        gen = self.generating.get(request.uri)
+        if gen is None or gen.key == key or not continues(gen.request, request, gen.made):
+            return None
+        return gen
+
+    def _supersede(self, uri: str, key: tuple | None, keep: Generating | None = None,
+                   newest: EditorRequest | None = None) -> None:
+        """Cancel the document's generation (but `keep`) and early prefill unless they are for this very prompt
+        (key None: whatever they are for). The prefill keeps the lines above its cursor where `newest` shares them."""
+        gen = self.generating.get(uri)
+        if gen is not None and gen is not keep and gen.key != key:
+            gen.token.cancel()
+        prefilling = self._prefilling.get(uri)
+        if prefilling is not None and prefilling.key != key:
+            prefilling.token.cancel()
+            if newest is None or not newest.completion.prefix.startswith(lines_above(prefilling.request)):
+                prefilling.closed.cancel()
+
+    def _settle(self, gen: Generating | None) -> None:
+        """The generation's outcome is in the cache and the type-ahead (or it failed): its waiters go on."""
+        if gen is None:
+            return
+        if self.generating.get(gen.request.uri) is gen:
+            del self.generating[gen.request.uri]
+        if not gen.settled.done():
+            gen.settled.set_result(None)
 
     def _prefill_early(self, request: EditorRequest, key: tuple, settings: Settings) -> None:
         """Start the prompt's prefill on the model's worker now, cancelled by the document's next request: the
@@ -351,14 +447,15 @@ class CompletionService:
             return
         from specdec.engine.session import CancelToken
 
-        token = CancelToken()
-        self.running[request.uri], self._running_key[request.uri] = token, key
+        prefilling = Prefilling(request, key, CancelToken(), CancelToken())
+        self._prefilling[request.uri] = prefilling
 
         def forget(_) -> None:
-            if self.running.get(request.uri) is token:
-                del self.running[request.uri]
+            if self._prefilling.get(request.uri) is prefilling:
+                del self._prefilling[request.uri]
 
-        job = asyncio.get_running_loop().run_in_executor(self.host.executor, prefill, request, settings, token)
+        job = asyncio.get_running_loop().run_in_executor(self.host.executor, prefill, request, settings,
+                                                         prefilling.token, prefilling.closed)
         job.add_done_callback(forget)
         job.add_done_callback(lambda done: done.cancelled() or done.exception())  # failures show in the generation
 
@@ -372,8 +469,8 @@ class CompletionService:
     async def _generate(self, request: EditorRequest, ctx: syntax.CursorContext, settings: Settings, number: int,
                         key: tuple) -> Run | None:
         """Wait for the model's turn (dropped when the document's newest request asks another prompt, or newer ones
-        wait), then generate on its worker until the whole text, or an early answer (_early_watch), is there. The
-        turn is held until the worker has stopped, whatever the caller does."""
+        wait), then generate on its worker until the whole text, or an early answer (_watch), is there. The turn is
+        held until the worker has stopped, whatever the caller does; the caller settles the Run's generation."""
         from specdec.engine.session import CancelToken
 
         self._waiting.append(number)
@@ -386,58 +483,59 @@ class CompletionService:
             self._model_turn.release()
             self.counters["dropped"] += 1
             return None
-        uri, token = request.uri, CancelToken()
-        self.running[uri], self._running_key[uri] = token, key
         loop = asyncio.get_running_loop()
+        gen = Generating(request, key, CancelToken(), settled=loop.create_future())
+        self.generating[request.uri] = gen
         early = loop.create_future()
-        watch = self._early_watch(request, ctx, settings, early, loop)
+        watch = self._watch(gen, ctx, settings, early, loop)
 
         def work():
             request.started = time.perf_counter()
-            return self.host.generate(request, ctx, settings, token, watch)
+            return self.host.generate(request, ctx, settings, gen.token, watch)
 
-        job = loop.run_in_executor(self.host.executor, work)
-
-        def stopped(_) -> None:
-            if self.running.get(uri) is token:
-                del self.running[uri]
-            self._model_turn.release()
-
-        job.add_done_callback(stopped)
+        gen.job = loop.run_in_executor(self.host.executor, work)
+        gen.job.add_done_callback(lambda _: self._model_turn.release())
         try:
-            await asyncio.wait([job, early], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([gen.job, early], return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            token.cancel()  # $/cancelRequest: the decode loop stops at its next step
-            await asyncio.wait([job])  # answered once the worker has stopped
+            gen.token.cancel()  # $/cancelRequest: the decode loop stops at its next step
+            await asyncio.wait([gen.job])  # answered once the worker has stopped
+            self._settle(gen)
             raise
         answered_ms = (time.perf_counter() - request.received) * 1000
-        if not job.done():
-            return Run(early.result(), None, job, answered_ms)
+        if not gen.job.done():
+            return Run(early.result(), None, gen.job, answered_ms, gen)
         try:
-            text, result = job.result()
+            text, result = gen.job.result()
         except Exception as exc:  # a model failure answers empty; the server stays up
             self.counters["errors"] += 1
             log.error("generation failed for %s: %s", request.uri, exc)
-            return None
+            return Run(None, None, None, answered_ms, gen)
         # an engine failure (remote) answers empty and, like a cancel, leaves nothing in the cache
         done = result.stop_reason not in ("cancelled", "error")
-        return Run(text if done else None, result if done else None, None, answered_ms)
+        return Run(text if done else None, result if done else None, None, answered_ms, gen)
 
-    def _early_watch(self, request: EditorRequest, ctx: syntax.CursorContext, settings: Settings,
-                     early: asyncio.Future, loop) -> Callable[[str], None] | None:
-        """What the worker tells each text the stop rules let go on: once it holds complete lines (ready_lines),
-        the editor is answered with them: at the first while the user types (firstLineFirst), else once
-        maxPredictMs have passed since the request came. None where nothing is answered early."""
+    def _watch(self, gen: Generating, ctx: syntax.CursorContext, settings: Settings, early: asyncio.Future,
+               loop) -> Callable[[str], None]:
+        """What the worker tells each text the stop rules let go on (on its thread): the text is kept as what the
+        generation made; a generation the document's newest request no longer types through is cancelled; and once
+        the text holds complete lines (ready_lines) the editor is answered with them: at the first while the user
+        types (firstLineFirst), else once maxPredictMs have passed since the request came."""
+        request, uri = gen.request, gen.request.uri
         multiline = ctx.multiline and settings.multiline
         first_line = settings.first_line_first and multiline and not request.invoked and not request.prefetch
         deadline = request.received + settings.max_predict_ms / 1000 if settings.max_predict_ms else None
-        if not multiline or request.prefetch or (not first_line and deadline is None):
-            return None
+        answers = multiline and not request.prefetch and (first_line or deadline is not None)
         said = False
 
         def progress(text: str) -> None:
             nonlocal said
-            if said or not (first_line or time.perf_counter() >= deadline):
+            gen.made = text
+            newest = self._newest.get(uri)  # one read: the loop thread replaces the pair whole
+            if newest is not None and newest[0] != gen.key and not continues(request, newest[1], text):
+                gen.token.cancel()  # the user typed something else
+                return
+            if said or not answers or not (first_line or time.perf_counter() >= deadline):
                 return
             lines = syntax.ready_lines(ctx, text)
             if lines:

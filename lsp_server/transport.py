@@ -276,8 +276,7 @@ class Dispatcher:
 
 def finish(server, code: int) -> None:
     """End the process now: cancel the generation in flight, flush what was written, skip thread joins."""
-    for token in list(server.service.running.values()):
-        token.cancel()
+    server.service.cancel_all()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -343,16 +343,19 @@ class LocalBackend(Reconfigurable):
             self.completer.session.drafter.reset()
 
     # -- generation -----------------------------------------------------------------------------------
-    def prefill(self, request: CompletionRequest, cancel=None, adapter=UNRESOLVED) -> bool:
+    def prefill(self, request: CompletionRequest, cancel=None, adapter=UNRESOLVED, closed=None) -> bool:
         """Worker thread: the request's prompt into the target's (and the draft's) KV cache, as `complete` would
         prefill it, so the completion that follows computes only its last token first; stops between chunks (the
-        native forward: between layers) once cancel is set. False when cancelled."""
+        native forward: between layers) once cancel is set, but for the lines above the cursor, which the next
+        keystrokes' prompts share (Session.prefill); closed stops everything. False when cancelled."""
+        if closed is not None and closed.cancelled:
+            return False
         self.use_adapter(request.workspace, adapter)
         completer = self.completer
         self.idle.clear()
         try:
             return completer.prefill(request.prefix, request.suffix, request.max_new_tokens, request.path or None,
-                                     cancel, request.context)
+                                     cancel, request.context, closed)
         except Exception:
             completer.session.reset()  # a half-updated cache must not poison the next request
             raise
@@ -364,6 +367,10 @@ class LocalBackend(Reconfigurable):
         workspace's draft adapter as the caller resolved it (the server: once per request, `adapter_for`; None:
         the base draft); UNRESOLVED: looked up here. The document and the tokenizer's vocabulary go down to the
         drafters with the generation (request_context), set on none of them."""
+        if cancel is not None and cancel.cancelled:  # superseded while queued: not even the prompt is built
+            from specdec.engine.session import GenerationStats
+
+            return CompletionResult("", "cancelled", GenerationStats().as_dict())
         self.use_adapter(request.workspace, adapter)
         completer = self.completer
         # without an index no drafter reads the request's context

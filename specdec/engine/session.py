@@ -167,16 +167,23 @@ class Session:
         if self.drafter is not None:
             self.drafter.reset()
 
-    def prefill(self, prompt: list[int], cancel: CancelToken | None = None) -> bool:
+    def prefill(self, prompt: list[int], cancel: CancelToken | None = None, stable: int = 0,
+                closed: CancelToken | None = None) -> bool:
         """The prompt into the target's and the drafter's caches, nothing generated: what `generate` does first,
         done ahead (the editor's debounce), so a generate of this prompt then reuses all of it but the last token.
-        False when cancel stopped it (between chunks; the native forward: between layers)."""
+        False when cancel stopped it (between chunks; the native forward: between layers). The first `stable`
+        tokens (what the next prompts share, fim.FimPrompt.stable) are prefilled even once cancel is set, so a
+        superseded request's work is kept for the next one; `closed` stops those too."""
         cancelled = (lambda: cancel.cancelled) if cancel else (lambda: False)
+        hard = (lambda: closed.cancelled) if closed else None
         with self.lock:
             try:
-                self.target.sync(prompt, cancelled)
-                if self.drafter is not None:
-                    self.drafter.prefill(prompt, cancelled)
+                models = [self.target.sync] + ([self.drafter.prefill] if self.drafter is not None else [])
+                if 0 < stable < len(prompt) and self.target.shared_prefix(prompt[:stable]) < stable:
+                    for prefill in models:
+                        prefill(prompt[:stable], hard)
+                for prefill in models:
+                    prefill(prompt, cancelled)
             except Cancelled:
                 return False
         return True

@@ -96,9 +96,11 @@ class Completer:
         return prefix_budget, suffix_budget
 
     def prefill(self, prefix: str, suffix: str, max_new_tokens: int, path: str | None = None,
-                cancel: CancelToken | None = None, context: str = "") -> bool:
-        """The prompt `complete` would generate from, into the session's caches now (Session.prefill)."""
-        return self.session.prefill(self.prompt(prefix, suffix, path, context, max_new_tokens).ids, cancel)
+                cancel: CancelToken | None = None, context: str = "", closed: CancelToken | None = None) -> bool:
+        """The prompt `complete` would generate from, into the session's caches now (Session.prefill: its lines
+        above the cursor even once cancel is set, unless closed is)."""
+        prompt = self.prompt(prefix, suffix, path, context, max_new_tokens)
+        return self.session.prefill(prompt.ids, cancel, prompt.stable, closed)
 
     def complete(self, prefix: str, suffix: str, config: GenerationConfig, path: str | None = None,
                  stop: StopPredicate | None = None, cancel: CancelToken | None = None,

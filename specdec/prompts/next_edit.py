@@ -288,7 +288,7 @@ def markers(tokenizer, template: fim.FimTemplate):
     """What the edit drafter needs to find the current window in a prompt: the separator's and a newline's ids."""
     from specdec.engine.drafters.edit_window import EditMarkers
 
-    sep = tokenizer.get_vocab().get(separator(template))
+    sep = fim.token_id(tokenizer, separator(template))
     if sep is None:
         raise SpecdecError(f"the tokenizer has no {separator(template)} token")
     return EditMarkers(sep, tuple(tokenizer.encode("\n", add_special_tokens=False)))
@@ -304,11 +304,10 @@ def build(tokenizer, template: fim.FimTemplate, path: str, text: str, window: Wi
     """The prompt's token ids (the layout in the module docstring): context, the file around the window within
     max_file_tokens (whole lines, nearest the window first, above and below in turn; 0: no file block), the most
     recent hunks within max_history_tokens (whole hunks), the current window and the updated window's header."""
-    vocab = tokenizer.get_vocab()
     sep = separator(template)
-    if sep not in vocab:
+    sep_id = fim.token_id(tokenizer, sep)
+    if sep_id is None:
         raise SpecdecError(f"the tokenizer has no {sep} token")
-    sep_id = vocab[sep]
     newline = tokenizer.encode("\n", add_special_tokens=False)
     path = _clean_path(path)
 

@@ -124,7 +124,7 @@ class PrefillHost(FakeHost):
         self.prefills, self.prefill_started, self.prefill_cancelled = [], threading.Event(), threading.Event()
         self.release = threading.Event()
 
-    def prefill(self, request, settings, cancel) -> bool:
+    def prefill(self, request, settings, cancel, closed=None) -> bool:
         self.prefills.append(request.completion.prefix)
         self.prefill_started.set()
         while not self.release.wait(0.01):
@@ -180,3 +180,59 @@ def test_a_prefilled_prompt_is_generated_from_its_last_token_with_the_same_text(
     cancelled.cancel()
     host.executor.submit(host.completer.session.reset).result(60)
     assert not host.executor.submit(host.prefill, req, settings, cancelled).result(60)
+
+
+async def test_a_keystroke_that_types_through_the_suggestion_under_way_waits_for_it_instead_of_cancelling(tmp_path):
+    host = GatedHost(text="foo(1)")
+    svc = service(tmp_path, host)
+    first = asyncio.ensure_future(svc.complete(request(prefix="x = ", suffix="\n")))
+    await host.advance(len("foo"))
+    typed = asyncio.ensure_future(svc.complete(request(prefix="x = f", suffix="\n")))  # what it is making
+    further = asyncio.ensure_future(svc.complete(request(prefix="x = foo(", suffix="\n")))  # past what it made
+    await host.advance(len("(1)"))
+    assert (await first).text == "foo(1)"
+    assert [(s.source, s.text) for s in (await typed, await further)] == [("typeahead", "oo(1)"),
+                                                                            ("typeahead", "1)")]
+    assert host.calls == ["x = "] and not host.cancelled_at
+
+
+async def test_the_worker_stops_a_suggestion_the_typing_left(tmp_path):
+    host = GatedHost(text="bar(1)")
+    svc = service(tmp_path, host)
+    first = asyncio.ensure_future(svc.complete(request(prefix="x = ", suffix="\n")))
+    await host.advance(1)  # it made "b"
+    typed = asyncio.ensure_future(svc.complete(request(prefix="x = bo", suffix="\n")))  # "bo": still may be
+    await host.advance(1)  # it makes "ba": the user typed "bo", so the worker cancels it
+    assert await first is None and host.cancelled_at == [2]
+    await host.advance(len("bar(1)"))
+    assert (await typed).text == "bar(1)" and host.calls == ["x = ", "x = bo"]
+
+
+def test_a_superseded_prefill_keeps_the_lines_above_the_cursor_for_the_next_keystroke(tmp_path):
+    """Typing cancels each keystroke's prefill before it ends; the part of its prompt the next keystrokes share
+    (FimPrompt.stable: up to the lines above the cursor) is prefilled anyway, so a cold file's prompt gets into the
+    cache while the user types, and only a closed document (or a cursor that left those lines) stops it."""
+    import tiny
+    from test_service import loaded_host
+
+    from specdec.prompts import fim
+
+    host, settings = loaded_host(tiny.saved_pair(tmp_path), strategy="plain")
+    tok = host.tokenizer()
+    above = "".join(f"value_{i} = compute({i})\n" for i in range(30))
+    typing = [request(prefix=above + "x = va" + "l" * n, suffix="\nprint(x)\n") for n in range(3)]
+    prompts = [fim.build(tok, host.completer.template, r.completion.prefix, r.completion.suffix, None, 1024, 64)
+               for r in typing]
+    assert prompts[0].stable > len(tok.encode(above)) - 4
+    assert all(p.ids[: prompts[0].stable] == prompts[0].ids[: prompts[0].stable] for p in prompts)
+    superseded = CancelToken()
+    superseded.cancel()
+    assert not host.executor.submit(host.prefill, typing[0], settings, superseded, CancelToken()).result(60)
+    target = host.completer.session.target
+    assert target.tokens[: prompts[0].stable] == prompts[0].ids[: prompts[0].stable]
+    assert len(target.tokens) == prompts[0].stable  # and nothing past it
+    host.executor.submit(host.completer.session.reset).result(60)
+    closed = CancelToken()
+    closed.cancel()
+    assert not host.executor.submit(host.prefill, typing[1], settings, superseded, closed).result(60)
+    assert host.completer.session.target.tokens == []
