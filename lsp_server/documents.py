@@ -30,6 +30,7 @@ from lsprotocol import types
 from pygls.workspace import TextDocument, Workspace
 
 CHUNK = 8192  # characters per chunk: an edit rewrites one or two of them
+MAX_CHANGES = 256  # a Document's changes not yet taken (take_changes), the newest kept
 NEWLINE, LINES = "newline", "lines"  # the cursor's lines (split at \n); pygls' lines (str.splitlines)
 BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines' boundaries ("\r\n" counts once)
 _ASCII_BREAKS = b"\n\r\v\f\x1c\x1d\x1e"
@@ -202,6 +203,16 @@ class ChunkedText:
             local = sum(map(len, text.splitlines(True)[:nth]))
         return self._start(chunk) + local
 
+    def line_of(self, offset: int) -> int:
+        """The 0-based line (split at \n) holding `offset`: a bisection and one partial chunk read."""
+        offset = max(0, min(offset, len(self)))
+        chunk = bisect_right(self.ends, offset) if offset < len(self) else len(self.chunks) - 1
+        if chunk < 0:
+            return 0
+        base = self._start(chunk)
+        self.work.read += offset - base
+        return (self.newlines[chunk - 1] if chunk else 0) + self.chunks[chunk].text.count("\n", 0, offset - base)
+
     def line_count(self) -> int:
         """len(text.splitlines()): pygls' number of lines."""
         if not self.chunks:
@@ -320,6 +331,13 @@ class Document(TextDocument):
         self.work = Work()
         self._text = None if self._source is None else ChunkedText.of(self._source, self.work)
         self._source = None  # the chunks hold the text
+        # the changes applied since the server last read them (take_changes): (text before, start, end, inserted),
+        # or (text before, None, None, None) for the whole text sent again
+        self.changes: list[tuple[ChunkedText, int | None, int | None, str | None]] = []
+
+    def take_changes(self) -> list[tuple[ChunkedText, int | None, int | None, str | None]]:
+        changes, self.changes = self.changes, []
+        return changes
 
     @property
     def text(self) -> ChunkedText:
@@ -341,8 +359,11 @@ class Document(TextDocument):
         if end < start:  # a reversed range on one line: pygls writes line[:start] + text + line[end:]
             insert, end = insert + text[end:start], start
         self._text = text.edit(start, end, insert)
+        self.changes.append((text, start, end, insert))
+        del self.changes[:-MAX_CHANGES]  # unread changes hold old texts: a bound, whoever forgets to read them
 
     def _apply_full_change(self, change: types.TextDocumentContentChangeEvent) -> None:
+        self.changes.append((self.text, None, None, None))
         self._text = ChunkedText.of(change.text, self.work)
 
 

@@ -19,6 +19,7 @@ from pygls.lsp.server import LanguageServer
 
 from lsp_server.api import router
 from lsp_server.configuration import Configuration
+from lsp_server.edit_history import EditHistory
 from lsp_server.finetune_child import Finetuning
 from lsp_server.hosts import new_host
 from lsp_server.indexing import Indexing
@@ -42,6 +43,7 @@ class SpecdecServer(LanguageServer):
         self.indexing = Indexing(self)
         self.service.on_accept = self.indexing.accepted
         self.service.on_ready = self.suggestion_ready
+        self.edits = EditHistory()  # each open document's recent edits, for next-edit prompts
         self.metrics.index_stats = self.indexing.stats  # Prometheus
         self.configuration = Configuration(self)
         self.finetuning = Finetuning(self)

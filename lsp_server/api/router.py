@@ -14,11 +14,11 @@ from pygls.exceptions import JsonRpcException, JsonRpcInternalError
 
 from lsp_server.api import (
     accept, completion, did_change, did_change_configuration, did_change_workspace_folders, did_close, did_save,
-    finetune, initialize, initialized, inline_completion, stats, trace,
+    finetune, initialize, initialized, inline_completion, next_edit, stats, trace,
 )
 
 HANDLERS = (initialize, initialized, did_change_configuration, did_change_workspace_folders, did_change, did_save,
-            did_close, inline_completion, completion, accept, finetune, stats, trace)
+            did_close, inline_completion, completion, next_edit, accept, finetune, stats, trace)
 
 
 REFUSAL_CHARS = 200  # of a refusal's message, in the log line

@@ -186,6 +186,7 @@ class LocalBackend(Reconfigurable):
         self._index_lock = threading.Lock()
         self.idle = threading.Event()  # clear while a completion runs: background indexing waits for it
         self.idle.set()
+        self._next_editor = None  # (the completer it was made for, its NextEditor)
 
     def index_for(self, settings):
         """The repository index the drafter of these settings reads, or None (off, or a strategy without one)."""
@@ -343,6 +344,28 @@ class LocalBackend(Reconfigurable):
             self.completer.session.drafter.reset()
 
     # -- generation -----------------------------------------------------------------------------------
+    def next_edit(self, text: str, line: int, path: str, history=(), cancel=None, max_new_tokens: int = 0):
+        """Worker thread: the next edit around 0-based `line` of `text` (specdec/prompts/next_edit.py's NextEditor
+        on the loaded pair, greedy): the window copy drafts in front of the session's drafter where the strategy is
+        `auto` (EDIT_WINDOW_STRATEGIES). Returns the NextEditResult; its prompt takes the KV cache's place."""
+        from specdec.engine.session import GenerationConfig
+        from specdec.prompts.next_edit import DEFAULT_MAX_NEW_TOKENS, NextEditor
+
+        completer = self.completer
+        if self._next_editor is None or self._next_editor[0] is not completer:
+            session = completer.session
+            self._next_editor = (completer, NextEditor.for_session(session, session.strategy,
+                                                                   family=completer.template.family))
+        config = GenerationConfig(max_new_tokens or DEFAULT_MAX_NEW_TOKENS)
+        self.idle.clear()
+        try:
+            return self._next_editor[1].predict(text, line, config, path, list(history), cancel=cancel)
+        except Exception:
+            completer.session.reset()  # a half-updated cache must not poison the next request
+            raise
+        finally:
+            self.idle.set()
+
     def prefill(self, request: CompletionRequest, cancel=None, adapter=UNRESOLVED, closed=None) -> bool:
         """Worker thread: the request's prompt into the target's (and the draft's) KV cache, as `complete` would
         prefill it, so the completion that follows computes only its last token first; stops between chunks (the

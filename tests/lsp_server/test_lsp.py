@@ -330,3 +330,46 @@ async def test_trace_request_returns_the_passes_of_the_documents_last_completion
     client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
     assert lc.plain(await client.protocol.send_request_async("specdec/trace", {"uri": uri}))["traces"] == []
     assert (await lc.stats(client))["model"]["state"] == "ready"
+
+
+async def test_next_edit_answers_the_models_edit_from_the_documents_recent_edits(client, tmp_path, model_dirs):
+    """specdec/nextEdit (issue #51 item 2): the document's edits since it opened (didChange deltas as hunks) and the
+    window around the cursor make the prompt; the answer is the engine's own greedy window and the edit it makes,
+    the same as NextEditor gives offline for that text, line and history; bad params are an error answer."""
+    from lsp_server.documents import ChunkedText
+    from lsp_server.edit_history import EditHistory
+    from specdec.backends.local import LoadSpec, build
+    from specdec.engine.session import GenerationConfig
+    from specdec.prompts.next_edit import DEFAULT_MAX_NEW_TOKENS, NextEditor
+
+    text = "def area(w, h):\n    size = w * h\n    return size\n\nprint(area(2, 3))\n"
+    uri = uri_of(tmp_path)
+    lc.open_doc(client, uri, text)
+    rename = types.Range(types.Position(1, 4), types.Position(1, 8))
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        [types.TextDocumentContentChangePartial(range=rename, text="area_")]))
+    reply = lc.plain(await client.protocol.send_request_async(
+        "specdec/nextEdit", {"textDocument": {"uri": uri}, "position": {"line": 2, "character": 4}}))
+
+    before = ChunkedText.of(text)
+    start = text.index("size")
+    after = before.edit(start, start + 4, "area_")
+    history = EditHistory()
+    history.change(uri, before, start, start + 4, "area_")
+    hunks = history.hunks(uri, "a.py", after)
+    assert len(hunks) == 1 and "area_ = w * h" in hunks[0].updated
+    built = build(LoadSpec(str(model_dirs[0]), strategy="plain", dtype="fp32"))
+    editor = NextEditor.for_session(built.completer.session)
+    expected = editor.predict(str(after), 2, GenerationConfig(DEFAULT_MAX_NEW_TOKENS), "a.py", hunks)
+    assert reply["window"] == expected.updated
+    assert reply["edit"] == (expected.edit.as_json() if expected.edit else None)
+    assert reply["stats"]["target_passes"] >= 1 and reply["stats"]["strategy"]
+
+    with pytest.raises(Exception, match="specdec/nextEdit takes"):
+        await client.protocol.send_request_async("specdec/nextEdit", {"textDocument": {"uri": uri}})
+    with pytest.raises(Exception, match="is not open"):
+        await client.protocol.send_request_async(
+            "specdec/nextEdit", {"textDocument": {"uri": uri_of(tmp_path, "b.py")}, "position": {"line": 0,
+                                                                                                "character": 0}})
+    assert (await lc.stats(client))["model"]["state"] == "ready"
