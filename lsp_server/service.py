@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from lsp_server import source_metrics
+from lsp_server.answers import Answers
 from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.online import OnlineAdaptation
 from lsp_server.settings import Settings
@@ -38,8 +39,6 @@ from specdec.completion import syntax
 log = logging.getLogger("specdec.server")
 
 MAX_WAITING = 2  # requests allowed to wait behind the running one; older ones are dropped
-CACHE_SIZE = 512
-MAX_DOCUMENTS = 64  # documents whose last suggestion is kept for type-ahead
 ACCEPTED_CONTEXT_CHARS = 1000  # text before a suggestion kept with it, for the repository index if it is accepted
 
 
@@ -135,10 +134,7 @@ class CompletionService:
         self.host = host
         self.metrics = metrics
         self._settings = settings
-        self.cache: OrderedDict[tuple, str] = OrderedDict()
-        # uri -> (prefix, suffix, suggestion, settings.output_key()) for type-ahead; bounded, and dropped
-        # when the document closes
-        self.last: OrderedDict[str, tuple[str, str, str, tuple]] = OrderedDict()
+        self.answers = Answers()  # the answer cache and the type-ahead
         self.latest: dict[str, tuple[int, tuple]] = {}  # uri -> (newest request number, its key)
         self._newest: dict[str, tuple[tuple, EditorRequest]] = {}  # uri -> (key, request) of its newest request
         self.generating: dict[str, Generating] = {}  # uri -> its generation on the model's worker
@@ -165,20 +161,21 @@ class CompletionService:
     def settings(self, new: Settings) -> None:
         """A change of any setting that can change a suggestion drops what was computed under the old one."""
         if new.output_key() != self._settings.output_key():
-            self.cache.clear()
-            self.last.clear()
+            self.answers.clear()
         self._settings = new
         self.online.configure(new)
 
-    def _key(self, request: EditorRequest) -> tuple:
-        """Everything a suggestion depends on: the request, and every output-affecting setting (from the schema)."""
-        c = request.completion
-        return (c.language, c.prefix[-4000:], c.suffix[:2000], c.context[-2000:], request.adapter,
-                self.settings.output_key())
+    @property
+    def cache(self):
+        return self.answers.cache
+
+    @property
+    def last(self):
+        return self.answers.last
 
     def forget(self, uri: str) -> None:
         """didClose: a closed document's text must not stay in memory (the cache holds only bounded windows)."""
-        self.last.pop(uri, None)
+        self.answers.forget(uri)
         self.latest.pop(uri, None)
         self._newest.pop(uri, None)
         self.online.forget(uri)
@@ -192,20 +189,6 @@ class CompletionService:
         for prefilling in list(self._prefilling.values()):
             prefilling.token.cancel()
             prefilling.closed.cancel()
-
-    def _typeahead(self, request: EditorRequest) -> str | None:
-        last = self.last.get(request.uri)
-        if not last:
-            return None
-        prefix, suffix, text, made_under = last
-        if made_under != self.settings.output_key():  # a generation that finished after a settings change
-            return None
-        if request.completion.suffix != suffix or not request.completion.prefix.startswith(prefix):
-            return None
-        typed = request.completion.prefix[len(prefix) :]
-        if typed and text.startswith(typed) and len(typed) < len(text):
-            return text[len(typed) :]
-        return None
 
     def _finish(self, request: EditorRequest, text: str, source: str, generation=None,
                 early: bool = False) -> Suggestion | None:
@@ -295,13 +278,13 @@ class CompletionService:
             return None
         adapter = self.host.adapter_for(request.completion.workspace)  # hits are attributed to it, not the last run's
         request.adapter, request.resolved_adapter = (adapter.name if adapter else ""), adapter
-        text = self._typeahead(request)
+        text = self.answers.typeahead(request, settings)
         if text is not None:
             return self._finish(request, text, "typeahead")
-        key = self._key(request)
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return self._finish(request, self.cache[key], "cache")
+        key = self.answers.key(request, settings)
+        text = self.answers.cached(key)
+        if text is not None:
+            return self._finish(request, text, "cache")
         if not self.host.ready:
             log.info("no completion for %s: model %s%s", request.uri, self.host.state,
                      f" ({self.host.error})" if self.host.error else "")
@@ -326,7 +309,7 @@ class CompletionService:
         through = self._typed_through(request, key)
         if through is not None:  # its suggestion answers by type-ahead once it is whole
             await asyncio.shield(through.settled)
-            text = self._typeahead(request)
+            text = self.answers.typeahead(request, self.settings)
             if text is not None:
                 return self._finish(request, text, "typeahead")
             if self.latest.get(request.uri, (None,))[0] != number:
@@ -355,7 +338,7 @@ class CompletionService:
         if not answered:
             return None
         # answered early: the type-ahead serves the shown lines now, the rest when the background ends
-        self._remember(request, run.text, settings)
+        self.answers.remember(request, run.text, settings)
         suggestion = self._finish(request, run.text, "model", early=True)
         task = asyncio.ensure_future(self._complete_in_background(request, key, run, settings, suggestion))
         self._background.add(task)
@@ -368,18 +351,8 @@ class CompletionService:
         if getattr(result, "trace", None) is not None:
             tokenizer = self.host.tokenizer()  # a remote engine's trace holds its counts only: no ids to decode
             self.traces.add(request.uri, result.trace, tokenizer.decode if tokenizer is not None else None, text)
-        self.cache[key] = text
-        while len(self.cache) > CACHE_SIZE:
-            self.cache.popitem(last=False)
-        self._remember(request, text, settings)
+        self.answers.store(key, request, text, settings)
         return self._finish(request, text, "model", result) if record else None
-
-    def _remember(self, request: EditorRequest, text: str, settings: Settings) -> None:
-        """The document's last suggestion, for type-ahead."""
-        self.last[request.uri] = (request.completion.prefix, request.completion.suffix, text, settings.output_key())
-        self.last.move_to_end(request.uri)
-        while len(self.last) > MAX_DOCUMENTS:
-            self.last.popitem(last=False)
 
     async def _complete_in_background(self, request: EditorRequest, key: tuple, run, settings: Settings,
                                       shown: Suggestion | None) -> None:

@@ -313,7 +313,7 @@ def test_first_run_pulls_catalog_models_with_progress_then_loads(tmp_path, monke
 
 async def test_closed_documents_leave_nothing_behind_and_open_ones_are_bounded(tmp_path):
     """didClose drops a document's type-ahead text; without closes, only MAX_DOCUMENTS are kept."""
-    from lsp_server.service import MAX_DOCUMENTS
+    from lsp_server.answers import MAX_DOCUMENTS
 
     svc = service(tmp_path, host=FakeHost(step=0))
     body = "x = 1\n" * 40_000  # 240 KB
