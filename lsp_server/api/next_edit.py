@@ -1,6 +1,6 @@
 """specdec/nextEdit {"textDocument": {"uri"}, "position": {"line", "character"}}: the next edit around the cursor
-(issue #51): the window of lines around it rewritten by the model from the document's recent edits
-(lsp_server/edit_history.py), answered as the smallest range that changed and its new text, in the client's
+(issue #51): the window of lines around it rewritten by the model from the file's last commits' hunks
+(specdec/prompts/git_history.py) and the document's recent edits (lsp_server/edit_history.py), answered as the smallest range that changed and its new text, in the client's
 position encoding: {"edit": {"range": {"start", "end"}, "text"} or null, "window": the updated window,
 "stats": the generation's}. null when the window came back unchanged. Cancelled like a completion."""
 
@@ -57,7 +57,10 @@ async def handle(ls, params=None):
     path = uri_path(uri)
     workspace = workspace_for(ls.workspace_roots, path)
     relative = str(Path(path).relative_to(workspace)) if workspace else Path(path).name
-    history = ls.edits.hunks(uri, relative, text)
+    # the file's last commits' hunks (the oldest first), then the document's own edits since it opened
+    from specdec.prompts.git_history import commit_hunks
+
+    history = await asyncio.to_thread(commit_hunks, path) + ls.edits.hunks(uri, relative, text)
     from specdec.engine.session import CancelToken
 
     token = CancelToken()
