@@ -233,17 +233,13 @@ def test_bad_shapes_and_inputs_are_refused():
         TreeShape.chain(3).tree([1, 2])
 
 
-def test_sixty_four_nodes_plan_in_well_under_50_ms():
+def test_sixty_four_nodes_plan_once_and_a_repeated_plan_is_the_memo():
+    """The planner runs before every pass: a 64-node plan is made once and the same inputs again are answered from
+    its memo, not searched again (its speed is a benchmark's: docs/trees.md, not a timed test)."""
     p = [0.55, 0.15, 0.08, 0.05, 0.03, 0.02, 0.01, 0.01]
     cost = lambda n: 0.02 * (1 + 0.01 * n)
-    timings = []
-    for _ in range(5):
-        tree_shape._best.cache_clear()
-        start = time.perf_counter()
-        shape = best_shape(p, cost, max_depth=16, max_nodes=64)
-        timings.append(time.perf_counter() - start)
-    assert len(shape) > 8
-    assert min(timings) < 0.025, timings
-    start = time.perf_counter()
-    assert best_shape(p, cost, max_depth=16, max_nodes=64) == shape  # the same inputs: cached
-    assert time.perf_counter() - start < min(timings)
+    tree_shape._best.cache_clear()
+    shape = best_shape(p, cost, max_depth=16, max_nodes=64)
+    assert len(shape) > 8 and tree_shape._best.cache_info().misses == 1
+    assert best_shape(p, cost, max_depth=16, max_nodes=64) == shape  # the same inputs: the memo
+    assert tree_shape._best.cache_info().hits == 1 and tree_shape._best.cache_info().misses == 1

@@ -162,11 +162,9 @@ async def test_supersession_and_typeahead(client, tmp_path):
     suggestion = second.items[0].insert_text
     assert len(suggestion) >= 2
     lc.insert(client, uri, 0, 9, suggestion[:1], version=2)
-    start = time.perf_counter()
     typed = await lc.inline(client, uri, 0, 10)
     assert typed.items[0].insert_text == suggestion[1:]
-    assert time.perf_counter() - start < 0.5
-    stats = await lc.stats(client)
+    stats = await lc.stats(client)  # answered by type-ahead, not the model
     assert stats["total"]["typeahead_hits"] == 1 and stats["scheduler"]["superseded"] >= 1
 
 

@@ -23,6 +23,7 @@ class FakeHost:
         self.executor = ThreadPoolExecutor(max_workers=1)
         self.text, self.step, self.fail = text, step, fail
         self.calls, self.cancelled_at, self.traced = [], [], []
+        self.steps = 0  # characters made, all generations together
 
     def adapter_for(self, workspace):
         return None
@@ -39,6 +40,7 @@ class FakeHost:
                 return out, CompletionResult(out, "cancelled", GenerationStats().as_dict())
             time.sleep(self.step)
             out += ch
+            self.steps += 1
             if progress is not None:
                 progress(out)
         stats = GenerationStats(new_tokens=len(out), produced=len(out) + 1, drafted=10, accepted=7, target_passes=4,
@@ -60,11 +62,9 @@ async def test_model_then_cache(tmp_path):
     svc = service(tmp_path)
     first = await svc.complete(request())
     assert first.text == "return a + b" and first.source == "model"
-    start = time.perf_counter()
     again = await svc.complete(request())
     assert again.source == "cache" and again.text == first.text
-    assert time.perf_counter() - start < 0.01
-    assert len(svc.host.calls) == 1
+    assert len(svc.host.calls) == 1  # the model was not asked again
 
 
 async def test_p_and_q_are_asked_per_request_once_traces_were_asked_whatever_the_host(tmp_path):
@@ -113,13 +113,14 @@ async def test_cancel_request_stops_generation_within_one_step(tmp_path):
     host = FakeHost(text="y" * 500)
     svc = service(tmp_path, host)
     task = asyncio.ensure_future(svc.complete(request()))
-    await asyncio.sleep(0.1)
-    cancelled_at = time.perf_counter()
+    while not host.steps:  # generating
+        await asyncio.sleep(0.01)
     task.cancel()
+    steps_at_cancel = host.steps
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert time.perf_counter() - cancelled_at < 0.1  # ~one 20 ms step
     assert svc.counters["cancelled"] == 1 and host.cancelled_at
+    assert host.cancelled_at[0] <= steps_at_cancel + 1  # the worker stopped within one step of the cancel
 
 
 async def test_stale_waiters_are_dropped_newest_first(tmp_path):
@@ -144,10 +145,10 @@ async def test_model_failure_answers_empty_and_next_request_works(tmp_path):
 async def test_not_ready_answers_empty_at_once(tmp_path):
     host = FakeHost()
     host.ready, host.state = False, "loading"
-    svc = service(tmp_path, host, debounce_ms=500)
-    start = time.perf_counter()
-    assert await svc.complete(request()) is None
-    assert time.perf_counter() - start < 0.05
+    svc = service(tmp_path, host, debounce_ms=5000)
+    # answered before the debounce would end: never held for a model that is not there
+    assert await asyncio.wait_for(svc.complete(request()), 2.5) is None
+    assert host.calls == []
 
 
 async def test_strings_only_when_invoked_and_disabled_languages(tmp_path):
