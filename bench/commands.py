@@ -1,9 +1,9 @@
 """`specdec bench` (registered through the `specdec.commands` entry point): the engine benchmark, and its modes.
 
 Each mode's `register(parser)` adds its flags to the bench parser and returns its runner, which answers None when
-its mode was not asked for: specdec's own (`--kernels`, `--editor`, `--finetune` and `--repo`, `--humaneval`) here,
-another package's through an entry point in the `specdec.bench` group. The first runner that answers decides; with
-none, the engine benchmark runs.
+its mode was not asked for: specdec's own (`--kernels`, `--editor`, `--finetune` and `--repo`, `--humaneval`,
+`--next-edit`) here, another package's through an entry point in the `specdec.bench` group. The first runner that
+answers decides; with none, the engine benchmark runs.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def draft_suffix_tokens(text: str) -> int | None:
 
 
 def register(sub) -> None:
-    from specdec_bench import editor, finetune, humaneval_bench, kernels
+    from specdec_bench import editor, finetune, humaneval_bench, kernels, next_edit_bench
 
     p = sub.add_parser("bench", help="code-completion benchmark: plain vs HF assisted vs our strategies")
     add_model_args(p)
@@ -69,6 +69,7 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=("local", "llama-server", "vllm", "sglang"),
                    help="also run the holes through a remote engine (rows engine-1, ...); docs/teams.md")
     p.add_argument("--engine-url", metavar="URL[,URL...]", help="the engine's base URL; several: one row each")
-    runners: list[Runner] = [kernels.register(p), editor.register(p), finetune.register(p), humaneval_bench.register(p)]
+    runners: list[Runner] = [kernels.register(p), editor.register(p), finetune.register(p), humaneval_bench.register(p),
+                             next_edit_bench.register(p)]  # after humaneval_bench: --next-edit reads its --limit
     runners += [plugin.load()(p) for plugin in entry_points(group=BENCH_GROUP)]  # other packages' modes
     p.set_defaults(func=cmd_bench, bench_runners=runners)

