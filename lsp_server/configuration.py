@@ -67,7 +67,7 @@ class Configuration:
     def use_engine(self, engine: str) -> None:
         """Swap the host when the engine setting changed; the old one's models or pool are let go."""
         server = self.server
-        if getattr(server.host, "kind", "local") == engine:
+        if server.host.kind == engine:
             return
         old, server.host = server.host, new_host(engine, server.show_message)
         server.service.host = server.service.online.host = server.host

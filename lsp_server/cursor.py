@@ -50,7 +50,7 @@ def build_request(server, uri: str, position: types.Position, invoked: bool) -> 
     workspace = workspace_for(server.workspace_roots, path)
     prefix, suffix = window(text, offset)
     fields = {"path": str(Path(path).relative_to(workspace)) if workspace else Path(path).name}
-    if getattr(server.host, "remote", False):  # the engine gets other files as chunks (input_extra, <|file_sep|>);
+    if server.host.remote:  # the engine gets other files as chunks (input_extra, <|file_sep|>);
         fields["chunks"] = chunks(server, uri, language)  # the local prompt's snippets would go unread
     else:
         fields["context"] = snippets(server, uri, language)

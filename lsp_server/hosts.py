@@ -12,7 +12,8 @@ import logging
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from lsprotocol import types
 
@@ -26,6 +27,56 @@ if TYPE_CHECKING:
     from lsp_server.service import EditorRequest
 
 log = logging.getLogger("specdec.server")
+
+
+class ServerHost(Protocol):
+    """The one face of the server's host, whichever backend computes (ModelHost: the local engine; RemoteHost: a
+    shared one): what the scheduler (service.py), the handlers (api/) and the server's state modules read. A member
+    a backend cannot serve answers as it says (a remote engine prefills nothing ahead; next edits are refused in
+    one line), so nobody asks which host it is."""
+
+    kind: str  # local | llama-server | vllm | sglang
+    remote: bool
+    state: str  # idle | loading | ready | failed
+    error: str
+    progress: str
+    adapter: str  # the draft adapter in use (name@version), for stats
+    adapter_error: str
+    target_quant: str
+    executor: ThreadPoolExecutor  # where generate, prefill and next_edit run
+    idle: threading.Event  # set while no completion runs: background indexing waits for it
+    switchable: object  # the draft's per-request adapters (online adaptation), or None
+    draft_hash: str
+    repo_index: object
+    on_warning: Callable[[str], None]
+
+    @property
+    def ready(self) -> bool: ...
+
+    def load(self, settings: Settings, report=...) -> None: ...
+
+    def reconfigure(self, settings: Settings) -> Callable[[], None] | None: ...
+
+    def apply(self, settings: Settings) -> bool: ...
+
+    def adapter_for(self, workspace: str): ...
+
+    def tokenizer(self): ...
+
+    def template(self): ...
+
+    def index_for(self, settings: Settings): ...
+
+    def cost_curve(self) -> dict | None: ...
+
+    def stats(self) -> dict: ...
+
+    def generate(self, request: EditorRequest, ctx: syntax.CursorContext, settings: Settings, cancel,
+                 progress: Callable[[str], None] | None = None): ...
+
+    def prefill(self, request: EditorRequest, settings: Settings, cancel, closed=None) -> bool: ...
+
+    def next_edit(self, text: str, line: int, path: str, history=(), cancel=None, max_new_tokens: int = 0): ...
 
 
 def new_host(engine: str, show: Callable[[types.MessageType, str], None]):
@@ -46,6 +97,8 @@ def new_host(engine: str, show: Callable[[types.MessageType, str], None]):
 class ModelHost(LocalBackend):
     """The in-process backend as the server runs it: adapters from the registry per workspace, the server's
     settings errors, and the syntax rules around each generation."""
+
+    remote = False
 
     def __init__(self):
         super().__init__()

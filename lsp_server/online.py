@@ -88,7 +88,7 @@ class OnlineAdaptation:
 
     def available(self) -> str:
         """Why no refresh can run with the loaded models ("" when one can)."""
-        if getattr(self.host, "switchable", None) is None:
+        if self.host.switchable is None:
             return "needs a draft model and adapters: true"
         return ""
 

@@ -20,6 +20,7 @@ from typing import Callable
 from specdec.backends import make_backend
 from specdec.backends.base import Reconfigurable
 from specdec.completion import syntax
+from specdec.errors import SpecdecError
 
 
 class RemoteHost(Reconfigurable):
@@ -111,6 +112,14 @@ class RemoteHost(Reconfigurable):
         result = self.backend.complete(asked, syntax.reporting(syntax.stop_predicate(ctx), progress), cancel)
         self.adapter = result.stats.get("adapter", "")
         return syntax.finalize(ctx, result.text, result.stop_reason), result
+
+    def prefill(self, request, settings, cancel, closed=None) -> bool:
+        """Nothing ahead: the engine keeps its own prompt cache and prefills when asked (ServerHost.prefill)."""
+        return False
+
+    def next_edit(self, text: str, line: int, path: str, history=(), cancel=None, max_new_tokens: int = 0):
+        """Next edits run on the local engine only (their prompt and the window-copy drafter are ours)."""
+        raise SpecdecError(f"next edits need the local engine (engine is {self.kind})")
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -415,9 +415,6 @@ class CompletionService:
     def _prefill_early(self, request: EditorRequest, key: tuple, settings: Settings) -> None:
         """Start the prompt's prefill on the model's worker now, cancelled by the document's next request: the
         generation after the debounce then finds the prompt in the KV cache."""
-        prefill = getattr(self.host, "prefill", None)
-        if prefill is None:
-            return
         from specdec.engine.session import CancelToken
 
         prefilling = Prefilling(request, key, CancelToken(), CancelToken())
@@ -427,7 +424,7 @@ class CompletionService:
             if self._prefilling.get(request.uri) is prefilling:
                 del self._prefilling[request.uri]
 
-        job = asyncio.get_running_loop().run_in_executor(self.host.executor, prefill, request, settings,
+        job = asyncio.get_running_loop().run_in_executor(self.host.executor, self.host.prefill, request, settings,
                                                          prefilling.token, prefilling.closed)
         job.add_done_callback(forget)
         job.add_done_callback(lambda done: done.cancelled() or done.exception())  # failures show in the generation

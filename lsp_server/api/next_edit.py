@@ -46,9 +46,8 @@ async def handle(ls, params=None):
     document = open_document(ls, uri)
     if document is None:
         raise JsonRpcInvalidParams(f"{METHOD}: {uri} is not open")
-    next_edit = getattr(ls.host, "next_edit", None)
-    if next_edit is None:
-        raise JsonRpcInvalidRequest(f"{METHOD}: next edits need the local engine (engine is {ls.settings.engine})")
+    if ls.host.remote:
+        raise JsonRpcInvalidRequest(f"{METHOD}: next edits need the local engine (engine is {ls.host.kind})")
     if not ls.host.ready:
         return {"edit": None, "window": None, "stats": None, "reason": f"model {ls.host.state}"}
     text = text_of(document)
@@ -64,8 +63,8 @@ async def handle(ls, params=None):
     from specdec.engine.session import CancelToken
 
     token = CancelToken()
-    job = asyncio.get_running_loop().run_in_executor(ls.host.executor, next_edit, str(text), line, relative, history,
-                                                     token)
+    job = asyncio.get_running_loop().run_in_executor(ls.host.executor, ls.host.next_edit, str(text), line, relative,
+                                                     history, token)
     try:
         result = await asyncio.shield(job)
     except asyncio.CancelledError:  # $/cancelRequest: the decode loop stops at its next step

@@ -18,5 +18,5 @@ def handle(ls, params=None):
             "repo_index": index if index is not None else {"state": "off"},
             "online_adaptation": ls.service.online.status(), "cost_curve": host.cost_curve(),
             "documents": summary(ls.workspace.text_documents.values()),
-            "engine": host.stats() if getattr(host, "remote", False) else {"kind": "local", "state": "ok"},
+            "engine": host.stats() if host.remote else {"kind": "local", "state": "ok"},
             **ls.metrics.summary()}

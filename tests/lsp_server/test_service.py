@@ -28,6 +28,9 @@ class FakeHost:
     def adapter_for(self, workspace):
         return None
 
+    def prefill(self, request, settings, cancel, closed=None):
+        return not cancel.cancelled  # nothing to warm: the fake generates from nothing
+
     def generate(self, request, ctx, settings, cancel, progress=None):
         self.calls.append(request.completion.prefix)
         self.traced.append(request.completion.trace)
