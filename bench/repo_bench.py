@@ -122,7 +122,7 @@ def replay_job(args, root: Path, heldout, holes, completer, drafter, draft_hash:
     report(f"  replay: {len(edited)} edited files, {len(accepted)} accepted completions "
            f"({dropped} dropped for holding a hole's answer)")
     return OnlineJob(str(root), args.draft, args.target, draft_hash, args.dtype, args.draft_quant, accepted=accepted,
-                     edited=edited)
+                     edited=edited, forward=getattr(args, "forward", "auto"))  # the target labels as the server's
 
 
 # -- the adapter: trained once per package and settings ----------------------------------------------------------
