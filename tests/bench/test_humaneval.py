@@ -109,3 +109,21 @@ def test_the_pinned_humaneval_gives_1033_tasks_whose_references_all_pass(real_ca
     assert len(tasks) == humaneval.SINGLE_LINE_TASKS == 1033
     failing = [t.task_id for t in tasks if not run_program(t.program(t.reference), timeout=30).passed]
     assert not failing
+
+
+def test_a_humaneval_run_takes_server_settings_over_the_defaults():
+    """--humaneval-setting KEY=VALUE (JSON values): the prompt budgets a run measures, e.g. a shorter suffix; an unknown
+    key or a bad value is one line, before any model loads."""
+    from argparse import Namespace
+
+    from specdec_bench.humaneval_bench import server_settings
+    from specdec.errors import SpecdecError
+
+    base = dict(target="t", draft="", dtype="fp32", draft_quant="int8", target_quant="auto", int4_kernel="auto",
+                max_draft=8)
+    settings = server_settings(Namespace(**base, humaneval_setting=["maxSuffixTokens=32", "fimOrder=spm"]), ["plain"])
+    assert (settings.max_suffix_tokens, settings.fim_order) == (32, "spm")
+    with pytest.raises(SpecdecError, match="not a server setting"):
+        server_settings(Namespace(**base, humaneval_setting=["maxSufixTokens=32"]), ["plain"])
+    with pytest.raises(SpecdecError, match="maxSuffixTokens must be"):
+        server_settings(Namespace(**base, humaneval_setting=["maxSuffixTokens=-1"]), ["plain"])
