@@ -11,9 +11,9 @@ below are plain rules, so the same git directory and revision give the same case
 
 - Python files (`*.py`) modified in place (no rename, no new or deleted file), UTF-8, at most MAX_FILE_LINES lines;
 - commits that change at most MAX_COMMIT_HUNKS hunks (a reformat or a vendored update is no next edit);
-- a hunk with at least one earlier hunk in its commit (the recent edits the prediction starts from), 1 to
-  MAX_CHANGED_LINES removed lines and as many added (a hunk of 1-6 changed lines), that changes more than
-  whitespace and blank lines, and whose changed lines fit the 21-line window around its first changed line;
+- a hunk with at least one earlier hunk in its commit (the recent edits the prediction starts from), at most
+  MAX_CHANGED_LINES removed and as many added lines (at least one of either), that changes more than whitespace
+  and blank lines, and whose changed lines fit the 21-line window around its first changed line;
 - at most PER_COMMIT cases a commit (its first qualifying hunks), at most `limit` a repository.
 
 A case keeps what its prompt needs, so the data file stays small: the file's lines within EXCERPT_LINES of the
@@ -24,7 +24,8 @@ recent earlier hunks within MAX_HISTORY_CHARS (the prompt keeps 1,024 tokens of 
 
 (`git clone --bare` gives the git directory). bench/data/next_edit_cases.jsonl is SOURCES' three repositories cut
 at their pinned revisions, 30 cases each, concatenated in this order (`python -m specdec_bench.next_edit_cases
---sources DIR` rewrites it from DIR/OWNER+REPO git directories (or DIR/OWNER+REPO/repo)); the benchmark takes them round-robin.
+--sources DIR` rewrites it from DIR/OWNER+REPO, or DIR/OWNER+REPO/repo, git directories); the benchmark takes them
+round-robin.
 """
 
 from __future__ import annotations
