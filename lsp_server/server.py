@@ -20,6 +20,7 @@ from pygls.lsp.server import LanguageServer
 from lsp_server.api import router
 from lsp_server.configuration import Configuration
 from lsp_server.edit_history import EditHistory
+from lsp_server.events import CompletionObserver
 from lsp_server.finetune_child import Finetuning
 from lsp_server.hosts import new_host
 from lsp_server.indexing import Indexing
@@ -41,23 +42,32 @@ class SpecdecServer(LanguageServer):
         self.host = new_host("local", self.show_message)
         self.service = CompletionService(self.host, self.metrics, self.settings)
         self.indexing = Indexing(self)
-        self.service.on_accept = self.indexing.accepted
-        self.service.on_ready = self.suggestion_ready
+        self.service.events.subscribe(Editor(self))
         self.edits = EditHistory()  # each open document's recent edits, for next-edit prompts
         self.metrics.index_stats = self.indexing.stats  # Prometheus
         self.configuration = Configuration(self)
         self.finetuning = Finetuning(self)
 
-    def suggestion_ready(self, uri: str) -> None:
-        """specdec/suggestionReady: a suggestion answered with its first lines is whole now; the editor may ask
-        again at the cursor (the cache answers at once). VS Code's client does; other editors get it at the next
-        keystroke that matches it (type-ahead)."""
-        self.protocol.notify(SUGGESTION_READY, {"uri": uri})
-
     def show_message(self, kind: types.MessageType, message: str) -> None:
         """window/showMessage from any thread (a host's warnings come from its worker)."""
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.window_show_message, types.ShowMessageParams(kind, f"specdec: {message}"))
+
+
+class Editor(CompletionObserver):
+    """The server's part of the completion events: what the user took goes into the repository index; a suggestion
+    answered with its first lines that is whole now is `specdec/suggestionReady` to the editor, which may ask again
+    at the cursor (the cache answers at once): VS Code's client does; other editors get it at the next keystroke
+    that matches it (type-ahead)."""
+
+    def __init__(self, server: SpecdecServer):
+        self.server = server
+
+    def accepted(self, suggestion) -> None:
+        self.server.indexing.accepted(suggestion)
+
+    def ready(self, uri: str) -> None:
+        self.server.protocol.notify(SUGGESTION_READY, {"uri": uri})
 
 
 def create_server(metrics: MetricsStore | None = None, settings: Settings | None = None) -> SpecdecServer:

@@ -8,7 +8,7 @@ loop checks between steps. `$/cancelRequest` cancels the awaiting task, which se
 
 The first line first: while the user types, a multi-line suggestion is answered once its first line is
 complete (and any request once `maxPredictMs` have passed, with its complete lines); the generation goes on
-in the background into the cache and the type-ahead, and `on_ready` tells the editor the whole suggestion is
+in the background into the cache and the type-ahead, and a `ready` event tells the editor the whole suggestion is
 there. What is shown is always a prefix of the target's own answer for the prompt (syntax.ready_lines).
 
 The host (lsp_server/hosts.py: the in-process models and their single worker, or a remote engine) computes; this
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from lsp_server import source_metrics
+from lsp_server.events import CompletionEvents, Metrics, Online, Traces
 from lsp_server.answers import Answers
 from lsp_server.metrics import MetricsStore, RequestRecord
 from lsp_server.online import OnlineAdaptation
@@ -145,12 +146,13 @@ class CompletionService:
         self._model_turn = asyncio.Lock()
         self._waiting: list[int] = []
         self.counters = {"cancelled": 0, "superseded": 0, "dropped": 0, "errors": 0, "prefetched": 0}
-        self.on_accept: Callable[[Suggestion], None] = lambda suggestion: None  # e.g. index what the user took
-        # a suggestion answered early grew whole in the background: the editor may ask again (the cache answers)
-        self.on_ready: Callable[[str], None] = lambda uri: None
         self._background: set[asyncio.Future] = set()  # generations going on after their early answer, prefetches
         self.online = OnlineAdaptation(host, metrics, settings)  # the draft adapter learns from accepted completions
         self.traces = TraceStore()  # the pass traces of each document's latest model completions (specdec/trace)
+        # what happens to completions, told once to whoever keeps something of it (the server subscribes the
+        # repository index and the editor's notification)
+        self.events = CompletionEvents(Metrics(metrics), Online(self.online),
+                                       Traces(self.traces, lambda: self.host.tokenizer()))
         self._syntax = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-syntax")
 
     @property
@@ -163,7 +165,7 @@ class CompletionService:
         if new.output_key() != self._settings.output_key():
             self.answers.clear()
         self._settings = new
-        self.online.configure(new)
+        self.events.configured(new)
 
     @property
     def cache(self):
@@ -178,8 +180,7 @@ class CompletionService:
         self.answers.forget(uri)
         self.latest.pop(uri, None)
         self._newest.pop(uri, None)
-        self.online.forget(uri)
-        self.traces.forget(uri)
+        self.events.forgot(uri)
         self._supersede(uri, None)
 
     def cancel_all(self) -> None:
@@ -205,7 +206,7 @@ class CompletionService:
         suggestion = Suggestion(uuid.uuid4().hex[:12], text, source, c.language, c.workspace, request.adapter,
                                 c.prefix[-ACCEPTED_CONTEXT_CHARS:], c.document, request)
         self.shown[suggestion.id] = suggestion
-        self.online.served(suggestion, request, generation)
+        self.events.served(suggestion, request, generation)
         while len(self.shown) > 256:
             self.shown.popitem(last=False)
         return suggestion
@@ -233,15 +234,13 @@ class CompletionService:
             record.adapter = s.get("adapter") or record.adapter
         if request.started:
             record.queue_ms = (request.started - request.received) * 1000
-        self.metrics.add(record)
+        self.events.recorded(record)
 
     def accept(self, suggestion_id: str) -> bool:
         suggestion = self.shown.pop(suggestion_id, None)
         if suggestion is None:
             return False
-        self.metrics.accepted(suggestion.language, suggestion.workspace, suggestion.adapter)
-        self.on_accept(suggestion)
-        self.online.accepted_suggestion(suggestion_id)
+        self.events.accepted(suggestion)
         self._prefetch_after(suggestion)
         return True
 
@@ -263,14 +262,14 @@ class CompletionService:
         task.add_done_callback(self._background.discard)
 
     async def complete(self, request: EditorRequest) -> Suggestion | None:
-        self.online.begin_request(request)  # an online refresh stops before any generation
+        self.events.began(request)
         try:
             return await self._complete(request)
         except asyncio.CancelledError:  # $/cancelRequest, while debouncing, waiting or generating
             self.counters["cancelled"] += 1
             raise
         finally:
-            self.online.end_request()
+            self.events.ended(request)
 
     async def _complete(self, request: EditorRequest) -> Suggestion | None:
         settings = self.settings
@@ -348,16 +347,14 @@ class CompletionService:
     def _done(self, request: EditorRequest, key: tuple, text: str, result, settings: Settings,
               record: bool = True) -> Suggestion | None:
         """A whole generation: into the cache, the type-ahead and the traces; the suggestion (record: made here)."""
-        if getattr(result, "trace", None) is not None:
-            tokenizer = self.host.tokenizer()  # a remote engine's trace holds its counts only: no ids to decode
-            self.traces.add(request.uri, result.trace, tokenizer.decode if tokenizer is not None else None, text)
+        self.events.generated(request, text, result)
         self.answers.store(key, request, text, settings)
         return self._finish(request, text, "model", result) if record else None
 
     async def _complete_in_background(self, request: EditorRequest, key: tuple, run, settings: Settings,
                                       shown: Suggestion | None) -> None:
         """The rest of a suggestion answered early: the whole one into the cache and the type-ahead (unless the
-        document moved on: its next request cancelled it), the request's metrics record, and `on_ready`."""
+        document moved on: its next request cancelled it), the request's metrics record, and the `ready` event."""
         try:
             try:
                 generation = await run.job
@@ -379,7 +376,7 @@ class CompletionService:
             self._done(request, key, text, result, settings, record=False)
             if shown is not None and text != shown.text:
                 shown.text = text  # an accept after this counts (and indexes) the whole suggestion
-                self.on_ready(request.uri)
+                self.events.ready(request.uri)
         finally:
             self._settle(run.gen)
 

@@ -38,15 +38,23 @@ class GatedHost(FakeHost):
         return out, CompletionResult(out, "eos", stats.as_dict())
 
     async def advance(self, n: int) -> None:
-        """Let n characters through and wait until the worker made them."""
+        """Let n characters through and wait until the worker made them (a ceiling, not an expectation: a worker
+        that stopped fails the test instead of hanging it)."""
         for _ in range(n):
             self.gate.release()
-            await asyncio.to_thread(self.stepped.acquire)
+            assert await asyncio.to_thread(self.stepped.acquire, timeout=120), "the worker made no character"
 
 
 def ready_event(svc) -> asyncio.Event:
+    from lsp_server.events import CompletionObserver
+
     ready = asyncio.Event()
-    svc.on_ready = lambda uri: ready.set()
+
+    class Ready(CompletionObserver):
+        def ready(self, uri):
+            ready.set()
+
+    svc.events.subscribe(Ready())
     return ready
 
 
