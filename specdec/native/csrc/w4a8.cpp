@@ -175,12 +175,13 @@ static void tile_kernel(const uint8_t* w, int64_t G, const int8_t* xq, int64_t K
 // W8A8: MB rows x 16 columns of int8 weights (per output channel), G groups. Block layout: 8 x 64 bytes
 // R[j], R[j] byte i = code[col i / 4][k = 4 j + i % 4] + 128 (unsigned for vpdpbusd), 512 bytes a group.
 // dot(q + 128, x) = dot(q, x) + 128 * sum(x): the group's integer sum of x's codes takes the 128 out exactly.
-// off[m * G + g] = -128 * sum(x) (offsets(), once per call) starts one of the two vpdpbusd chains, so the chains end
-// on dot(q, x) itself: the same exact integer as dot(q + 128, x) - 128 * sum(x), without a subtraction and a
-// broadcast from a general register per row and group.
+// Blocks of 8 rows: off[m * G + g] = -128 * sum(x) (once per call) starts one of the two vpdpbusd chains, so the
+// chains end on dot(q, x) itself, the same exact integer as dot(q + 128, x) - 128 * sum(x), without a subtraction
+// and a broadcast from a general register per row and group (1.0-1.13x at 8-64 rows, docs/benchmarks.md). Fewer
+// rows subtract 128 * qsum[m * G + g] at the end, as before: there the chains' extra load latency was not a gain.
 template <int MB>
 static void tile_kernel8(const uint8_t* w, int64_t G, const int8_t* xq, int64_t K, const float* xs,
-                         const int32_t* off, const float* scale, float* out, int64_t ldo) {
+                         const int32_t* qsum, const int32_t* off, const float* scale, float* out, int64_t ldo) {
   __m512 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
@@ -190,12 +191,13 @@ static void tile_kernel8(const uint8_t* w, int64_t G, const int8_t* xq, int64_t 
     for (int j = 0; j < 8; ++j) r[j] = _mm512_loadu_si512((const void*)(b + 64 * j));
     for (int m = 0; m < MB; ++m) {
       const int32_t* xp = (const int32_t*)(xq + m * K + 32 * g);
-      __m512i i0 = _mm512_set1_epi32(off[m * G + g]), i1 = _mm512_setzero_si512();
+      __m512i i0 = MB == 8 ? _mm512_set1_epi32(off[m * G + g]) : _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
       for (int j = 0; j < 8; j += 2) {
         i0 = _mm512_dpbusd_epi32(i0, r[j], _mm512_set1_epi32(xp[j]));
         i1 = _mm512_dpbusd_epi32(i1, r[j + 1], _mm512_set1_epi32(xp[j + 1]));
       }
       __m512i dot = _mm512_add_epi32(i0, i1);
+      if (MB != 8) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * qsum[m * G + g]));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * G + g]), acc[m]);
     }
   }
@@ -482,7 +484,7 @@ at::Tensor w8a8_mm_q(const at::Tensor& xq, const at::Tensor& xs, const at::Tenso
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const bool avx2 = avx2_path();
   std::vector<int32_t> offsets;  // tile_kernel8's chain starts: -128 * qsum, exact in int32 (|qsum| <= 32 * 128)
-  if (!avx2) {
+  if (!avx2 && M >= 8) {
     offsets.resize(M * G);
     for (int64_t i = 0; i < M * G; ++i) offsets[i] = -128 * qsum[i];
   }
@@ -492,7 +494,8 @@ at::Tensor w8a8_mm_q(const at::Tensor& xq, const at::Tensor& xs, const at::Tenso
       w4a8_avx2::w8a8_tile(mb, w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, sc + 16 * t,
                            o + m0 * N + 16 * t, N);
     else
-      tile_kernel8<decltype(mb)::value>(w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, off + m0 * G, sc + 16 * t,
+      tile_kernel8<decltype(mb)::value>(w + t * G * BLK8, G, q + m0 * K, K, s + m0 * G, qsum + m0 * G, off + m0 * G,
+                                        sc + 16 * t,
                                         o + m0 * N + 16 * t, N);
   };
   over_tiles(NT, M, tile, [&](int64_t t, int64_t m0, int mb) {
