@@ -6,6 +6,7 @@ from lsprotocol import types
 
 from lsp_server.api.accept import accepted_command
 from lsp_server.cursor import build_request
+from lsp_server.snapshot import take
 
 METHOD = types.TEXT_DOCUMENT_COMPLETION
 OPTIONS = types.CompletionOptions(trigger_characters=[".", "(", " "], resolve_provider=False)
@@ -14,7 +15,8 @@ WORD = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
 
 async def handle(ls, params: types.CompletionParams):
     invoked = params.context is None or params.context.trigger_kind == types.CompletionTriggerKind.Invoked
-    request = build_request(ls, params.text_document.uri, params.position, invoked)
+    snapshot = take(ls, params.text_document.uri)
+    request = build_request(snapshot, params.position, invoked) if snapshot else None
     suggestion = await ls.service.complete(request) if request else None
     if suggestion is None:
         return types.CompletionList(is_incomplete=True, items=[])

@@ -7,6 +7,7 @@ from lsprotocol import types
 
 from lsp_server.api.accept import accepted_command
 from lsp_server.cursor import build_request
+from lsp_server.snapshot import take
 
 METHOD = types.TEXT_DOCUMENT_INLINE_COMPLETION
 OPTIONS = types.InlineCompletionOptions()
@@ -20,7 +21,8 @@ def inline_item(position: types.Position, suggestion) -> types.InlineCompletionI
 
 async def handle(ls, params: types.InlineCompletionParams):
     invoked = params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked
-    request = build_request(ls, params.text_document.uri, params.position, invoked)
+    snapshot = take(ls, params.text_document.uri)
+    request = build_request(snapshot, params.position, invoked) if snapshot else None
     suggestion = await ls.service.complete(request) if request else None
     if suggestion is None:
         return types.InlineCompletionList(items=[])

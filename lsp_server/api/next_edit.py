@@ -12,8 +12,9 @@ from pathlib import Path
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams, JsonRpcInvalidRequest
 
-from lsp_server.cursor import open_document, uri_path, workspace_for
-from lsp_server.documents import count_units, text_of, unit_kind
+from lsp_server.cursor import uri_path, workspace_for
+from lsp_server.documents import count_units, unit_kind
+from lsp_server.snapshot import take
 
 METHOD = "specdec/nextEdit"
 
@@ -43,18 +44,17 @@ def lsp_position(text, line: int, character: int, kind: str) -> dict:
 
 async def handle(ls, params=None):
     uri, position = parse_params(params)
-    document = open_document(ls, uri)
-    if document is None:
+    snapshot = take(ls, uri)
+    if snapshot is None:
         raise JsonRpcInvalidParams(f"{METHOD}: {uri} is not open")
-    if ls.host.remote:
+    if snapshot.remote:
         raise JsonRpcInvalidRequest(f"{METHOD}: next edits need the local engine (engine is {ls.host.kind})")
     if not ls.host.ready:
         return {"edit": None, "window": None, "stats": None, "reason": f"model {ls.host.state}"}
-    text = text_of(document)
-    encoding = ls.server_capabilities.position_encoding or types.PositionEncodingKind.Utf16
+    text, encoding = snapshot.document.text, snapshot.encoding
     line = text.line_of(text.cursor_offset(position, encoding))
     path = uri_path(uri)
-    workspace = workspace_for(ls.workspace_roots, path)
+    workspace = workspace_for(list(snapshot.workspace_roots), path)
     relative = str(Path(path).relative_to(workspace)) if workspace else Path(path).name
     # the file's last commits' hunks (the oldest first), then the document's own edits since it opened
     from specdec.prompts.git_history import commit_hunks

@@ -3,12 +3,15 @@ snippets (which only the in-process engine reads) are not built for it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from lsprotocol import types
 
 import tiny
 from lsp_server import cursor
 from lsp_server.cursor import build_request
+from lsp_server.snapshot import take
 from lsp_server.hosts import ModelHost
 from lsp_server.remote_host import RemoteHost
 from lsp_server.server import create_server
@@ -45,10 +48,10 @@ def remote_host():
 
 def test_a_remote_hosts_request_builds_no_local_snippets(server, remote_host, monkeypatch):
     server.host = remote_host
-    assert cursor.snippets(server, MAIN_URI, "python")  # what the request would otherwise carry, unread
+    assert cursor.snippets(replace(take(server, MAIN_URI), remote=False), "python")  # what it would carry, unread
     built = []
     monkeypatch.setattr(cursor, "snippets", lambda *args: built.append(args) or "snippets")
-    request = build_request(server, MAIN_URI, types.Position(3, 11), invoked=True)
+    request = build_request(take(server, MAIN_URI), types.Position(3, 11), invoked=True)
     assert built == [] and request.completion.context == ""
     assert request.completion.chunks == [{"filename": "util.py", "text": UTIL}]  # the engine's context: the other file
     assert (request.completion.prefix, request.completion.suffix) == (MAIN, "")
@@ -58,6 +61,7 @@ def test_the_local_host_still_gets_its_snippets(server, monkeypatch):
     assert isinstance(server.host, ModelHost)
     built = []
     monkeypatch.setattr(cursor, "snippets", lambda *args: built.append(args) or "snippets")
-    request = build_request(server, MAIN_URI, types.Position(3, 11), invoked=True)
-    assert built == [(server, MAIN_URI, "python")] and request.completion.context == "snippets"
+    snapshot = take(server, MAIN_URI)
+    request = build_request(snapshot, types.Position(3, 11), invoked=True)
+    assert built == [(snapshot, "python")] and request.completion.context == "snippets"
     assert request.completion.chunks == []  # declared, and empty: the local prompt reads the snippets
