@@ -26,8 +26,10 @@ STRATEGIES = ("llama-plain", "llama-draft", "llama-ngram")
 REPACK_OFF_NOTE = "repack off"
 
 
-def server_args(strategy: str, draft_gguf: Path | None, draft_max: int = 16) -> list[str]:
-    """llama.cpp's own speculation: a draft model (`-md` with `--spec-type draft-simple`), or prompt n-grams.
+def server_args(strategy: str, draft_gguf: Path | None) -> list[str]:
+    """llama.cpp's own speculation at its fastest on these 2 cores (specdec_bench.llama_sweep, docs/benchmarks.md
+    "llama.cpp's speculation at its best"): the draft model with llama.cpp's own draft length and 2 draft threads,
+    and its default speculation (`--spec-default`: prompt n-grams, no draft model).
 
     This llama.cpp (b11434) loads `-md` without drafting unless `--spec-type draft-simple` names the draft as the
     speculation to run (`/props` does not tell; a reply's `timings.draft_n` does)."""
@@ -36,10 +38,9 @@ def server_args(strategy: str, draft_gguf: Path | None, draft_max: int = 16) -> 
     if strategy == "llama-draft":
         if draft_gguf is None:
             raise ValueError("llama-draft needs the draft model's GGUF")
-        return ["-md", str(draft_gguf), "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max),
-                "--spec-draft-n-min", "0", "-td", "2"]
+        return ["-md", str(draft_gguf), "--spec-type", "draft-simple", "-td", "2"]
     if strategy == "llama-ngram":
-        return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", str(draft_max)]
+        return ["--spec-default"]
     raise ValueError(f"unknown llama.cpp strategy {strategy!r}")
 
 

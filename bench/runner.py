@@ -100,7 +100,7 @@ def start_llama(strategies: list[str], args, stack, skipped: dict[str, str]) -> 
     anchors = {}
     for s in asked:
         try:
-            extra = llama.server_args(s, draft, args.max_draft)
+            extra = llama.server_args(s, draft)
         except ValueError as exc:
             skipped[s] = str(exc)
             print(f"skipping {s}: {skipped[s]}", flush=True)

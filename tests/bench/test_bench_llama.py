@@ -33,10 +33,15 @@ def test_recorded_response_parses_to_tokens_and_timings():
 def test_speculation_flags_of_this_llama_cpp():
     assert llama.server_args("llama-plain", None) == []
     # b11434 loads -md without drafting unless --spec-type draft-simple names it
-    assert llama.server_args("llama-draft", Path("d.gguf"), 16) == ["-md", "d.gguf", "--spec-type", "draft-simple",
-                                                                    "--spec-draft-n-max", "16", "--spec-draft-n-min",
-                                                                    "0", "-td", "2"]
-    assert "--spec-type" in llama.server_args("llama-ngram", None)
+    # the sweep's winners (docs/benchmarks.md): llama.cpp's own draft length, 2 draft threads; its default speculation
+    assert llama.server_args("llama-draft", Path("d.gguf")) == ["-md", "d.gguf", "--spec-type", "draft-simple",
+                                                                "-td", "2"]
+    assert llama.server_args("llama-ngram", None) == ["--spec-default"]
+    from specdec_bench.llama_sweep import CONFIGS, DRAFT
+
+    assert [a.replace(DRAFT, "d.gguf") for a in CONFIGS["draft-n3-td2"]] == llama.server_args("llama-draft",
+                                                                                              Path("d.gguf"))
+    assert CONFIGS["spec-default"] == llama.server_args("llama-ngram", None)
     with pytest.raises(ValueError, match="needs the draft"):
         llama.server_args("llama-draft", None)
 
@@ -206,6 +211,6 @@ def test_the_llama_draft_row_speculates(tiny_models, tmp_path, monkeypatch, caps
     assert status == 0, capsys.readouterr().out
     argv = json.loads(argv_log.read_text())
     assert argv[argv.index("-md") + 1] == str(model) and argv[argv.index("--spec-type") + 1] == "draft-simple"
-    assert argv[argv.index("--spec-draft-n-max") + 1] == "6"
+    assert argv[argv.index("-td") + 1] == "2" and "--spec-draft-n-max" not in argv  # llama.cpp's own length (sweep)
     rows = [r for r in json.loads(out.read_text())["rows"] if r["strategy"] == "llama-draft"]
     assert len(rows) == 1 and rows[0]["drafted"] == 4 and rows[0]["accepted"] == 2
