@@ -1,10 +1,12 @@
 """Completion scheduling between the editor's requests and the engine.
 
-Order of business for a request: type-ahead and cache answer at once; otherwise cancel the document's
-running work for another prompt (its prefill stops within a layer), start prefilling this prompt on the
-model's worker while the debounce runs (a newer request for the document wins), wait for the model (stale
-waiters are dropped: newest first), and generate in the model's single worker thread with a cancel token the
-loop checks between steps. `$/cancelRequest` cancels the awaiting task, which sets that token.
+Order of business for a request: type-ahead and cache answer at once (answers.py); otherwise cancel the
+document's running work for another prompt (its prefill stops within a layer, but for the lines above the
+cursor) unless the user is typing through the suggestion it is making (then wait for it: type-ahead), start
+prefilling this prompt on the model's worker while the debounce runs (a newer request for the document wins),
+wait for the model (stale waiters are dropped: newest first), and generate in the model's single worker thread
+with a cancel token the loop checks between steps. `$/cancelRequest` cancels the awaiting task, which sets that
+token. What happens is told once as completion events (events.py) to whoever keeps something of it.
 
 The first line first: while the user types, a multi-line suggestion is answered once its first line is
 complete (and any request once `maxPredictMs` have passed, with its complete lines); the generation goes on
