@@ -11,6 +11,7 @@ from lsprotocol import types
 from lsp_server.api.inline_completion import inline_item
 from lsp_server.documents import ChunkedText
 from lsp_server.cursor import build_request
+from lsp_server.snapshot import take
 from lsp_server.hosts import ModelHost
 from lsp_server.server import create_server
 from lsp_server.settings import Settings
@@ -60,7 +61,7 @@ def apply(source: str, item: types.InlineCompletionItem) -> str:
 def complete_and_apply(source: str, line: int, col: int, script: str, eos: bool = True, **settings) -> str:
     server = server_with(source)
     position = types.Position(line, col)
-    request = build_request(server, "file:///w/m.py", position, invoked=True)
+    request = build_request(take(server, "file:///w/m.py"), position, invoked=True)
     c = request.completion
     ctx = __import__("specdec.completion.syntax", fromlist=["analyze"]).analyze(c.language, c.prefix, c.suffix)
     host = ModelHost()
