@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from specdec.backends.base import UNRESOLVED, CompletionRequest, CompletionResult, Reconfigurable, Report
@@ -357,14 +358,8 @@ class LocalBackend(Reconfigurable):
             self._next_editor = (completer, NextEditor.for_session(session, session.strategy,
                                                                    family=completer.template.family))
         config = GenerationConfig(max_new_tokens or DEFAULT_MAX_NEW_TOKENS)
-        self.idle.clear()
-        try:
+        with self._working(completer):
             return self._next_editor[1].predict(text, line, config, path, list(history), cancel=cancel)
-        except Exception:
-            completer.session.reset()  # a half-updated cache must not poison the next request
-            raise
-        finally:
-            self.idle.set()
 
     def prefill(self, request: CompletionRequest, cancel=None, adapter=UNRESOLVED, closed=None) -> bool:
         """Worker thread: the request's prompt into the target's (and the draft's) KV cache, as `complete` would
@@ -375,12 +370,19 @@ class LocalBackend(Reconfigurable):
             return False
         self.use_adapter(request.workspace, adapter)
         completer = self.completer
-        self.idle.clear()
-        try:
+        with self._working(completer):
             return completer.prefill(request.prefix, request.suffix, request.max_new_tokens, request.path or None,
                                      cancel, request.context, closed)
+
+    @contextmanager
+    def _working(self, completer):
+        """The model's worker at work: background indexing waits for it (idle), and a failure resets the caches, so
+        a half-updated one never poisons the next request."""
+        self.idle.clear()
+        try:
+            yield
         except Exception:
-            completer.session.reset()  # a half-updated cache must not poison the next request
+            completer.session.reset()
             raise
         finally:
             self.idle.set()
@@ -398,15 +400,9 @@ class LocalBackend(Reconfigurable):
         completer = self.completer
         # without an index no drafter reads the request's context
         drafting = {"request": request_context(completer, request.document)} if self.repo_index is not None else {}
-        self.idle.clear()
-        try:
+        with self._working(completer):
             generation = completer.complete(request.prefix, request.suffix, generation_config(request),
                                             request.path or None, stop, cancel, request.context, **drafting)
-        except Exception:
-            completer.session.reset()  # a half-updated cache must not poison the next request
-            raise
-        finally:
-            self.idle.set()
         if getattr(generation, "trace", None) is not None:  # the engine's pass trace (trace.py), for specdec/trace
             generation.trace.adapter = self.adapter
         return CompletionResult.from_generation(generation)
