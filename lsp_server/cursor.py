@@ -27,12 +27,6 @@ def workspace_for(roots: list[str], path: str) -> str:
     return max(matches, key=len) if matches else ""
 
 
-def open_document(server, uri: str):
-    """The open document of the URI (as the client spelt it, or unquoted), or None."""
-    documents = server.workspace.text_documents
-    return documents.get(uri) or documents.get(unquote(uri))
-
-
 def build_request(snapshot: Snapshot, position: types.Position, invoked: bool) -> EditorRequest | None:
     """The request at a cursor of the snapshot's document; None for a binary one."""
     uri, text = snapshot.document.uri, snapshot.document.text

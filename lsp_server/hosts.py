@@ -174,8 +174,6 @@ class ModelHost(LocalBackend):
 
     def prefill(self, request: EditorRequest, settings: Settings, cancel, closed=None) -> bool:
         """Worker thread: the request's prompt into the KV caches before it is generated (LocalBackend.prefill)."""
-        if closed is not None and closed.cancelled:
-            return False
         asked = self.repository_context(backend_request(request, settings))
         return super().prefill(asked, cancel, request.resolved_adapter, closed)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from lsp_server.cursor import open_document, uri_path
+from lsp_server.cursor import uri_path
+from lsp_server.snapshot import open_document
 from lsp_server.documents import text_of
 
 

@@ -138,8 +138,8 @@ class CompletionService:
         self.metrics = metrics
         self._settings = settings
         self.answers = Answers()  # the answer cache and the type-ahead
-        self.latest: dict[str, tuple[int, tuple]] = {}  # uri -> (newest request number, its key)
-        self._newest: dict[str, tuple[tuple, EditorRequest]] = {}  # uri -> (key, request) of its newest request
+        # uri -> (number, key, request) of its newest request: replaced whole, so the worker reads it in one go
+        self.latest: dict[str, tuple[int, tuple, EditorRequest]] = {}
         self.generating: dict[str, Generating] = {}  # uri -> its generation on the model's worker
         self._prefilling: dict[str, Prefilling] = {}  # uri -> its early prefill
         self.shown: OrderedDict[str, Suggestion] = OrderedDict()  # id -> suggestion, for acceptance
@@ -169,19 +169,10 @@ class CompletionService:
         self._settings = new
         self.events.configured(new)
 
-    @property
-    def cache(self):
-        return self.answers.cache
-
-    @property
-    def last(self):
-        return self.answers.last
-
     def forget(self, uri: str) -> None:
         """didClose: a closed document's text must not stay in memory (the cache holds only bounded windows)."""
         self.answers.forget(uri)
         self.latest.pop(uri, None)
-        self._newest.pop(uri, None)
         self.events.forgot(uri)
         self._supersede(uri, None)
 
@@ -252,14 +243,18 @@ class CompletionService:
         suggestion"). Nothing where no event loop runs (a caller outside the server)."""
         origin = accepted.request
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             return
         if origin is None or not self.settings.language_enabled(accepted.language):
             return
         c = origin.completion
         ahead = EditorRequest(origin.uri, replace(c, prefix=c.prefix + accepted.text, trace=False), prefetch=True)
-        task = loop.create_task(self.complete(ahead))
+        self._in_background(self.complete(ahead))
+
+    def _in_background(self, work) -> None:
+        """Run a coroutine nobody awaits (a prefetch, the rest of an early answer), held until it ends."""
+        task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -295,7 +290,7 @@ class CompletionService:
             return None
 
         number = next(self._numbers)
-        self.latest[request.uri], self._newest[request.uri] = (number, key), (key, request)
+        self.latest[request.uri] = (number, key, request)
         # the document's work for another prompt is out of date now, unless this keystroke types through the
         # suggestion its generation is making (the worker stops it the moment it makes something else)
         through = self._typed_through(request, key)
@@ -341,9 +336,7 @@ class CompletionService:
         # answered early: the type-ahead serves the shown lines now, the rest when the background ends
         self.answers.remember(request, run.text, settings)
         suggestion = self._finish(request, run.text, "model", early=True)
-        task = asyncio.ensure_future(self._complete_in_background(request, key, run, settings, suggestion))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self._complete_in_background(request, key, run, settings, suggestion))
         return suggestion
 
     def _done(self, request: EditorRequest, key: tuple, text: str, result, settings: Settings,
@@ -500,8 +493,8 @@ class CompletionService:
         def progress(text: str) -> None:
             nonlocal said
             gen.made = text
-            newest = self._newest.get(uri)  # one read: the loop thread replaces the pair whole
-            if newest is not None and newest[0] != gen.key and not continues(request, newest[1], text):
+            newest = self.latest.get(uri)  # one read: the loop thread replaces the triple whole
+            if newest is not None and newest[1] != gen.key and not continues(request, newest[2], text):
                 gen.token.cancel()  # the user typed something else
                 return
             if said or not answers or not (first_line or time.perf_counter() >= deadline):

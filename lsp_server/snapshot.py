@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from lsprotocol import types
 
@@ -36,19 +37,21 @@ class Snapshot:
     indexed: bool  # the repository index is on: the request names its document key
 
 
-def take(server, uri: str) -> Snapshot | None:
-    """The snapshot of an open document (as the client spelt its URI, or unquoted); None when it is not open."""
-    from urllib.parse import unquote
-
+def open_document(server, uri: str):
+    """The open document of the URI (as the client spelt it, or unquoted), or None."""
     documents = server.workspace.text_documents
-    found = uri if uri in documents else unquote(uri) if unquote(uri) in documents else None
-    if found is None:
+    return documents.get(uri) or documents.get(unquote(uri))
+
+
+def take(server, uri: str) -> Snapshot | None:
+    """The snapshot of an open document (open_document's); None when it is not open."""
+    this = open_document(server, uri)
+    if this is None:
         log.info("no answer: %s is not open", uri)
         return None
-    opened = [OpenDocument(u, d.language_id or "", text_of(d)) for u, d in list(documents.items())[-OTHERS:]]
-    this = documents[found]
+    opened = list(server.workspace.text_documents.items())[-OTHERS:]
     return Snapshot(OpenDocument(uri, this.language_id or "", text_of(this)),
-                    tuple(d for d in opened if d.uri != found),
+                    tuple(OpenDocument(u, d.language_id or "", text_of(d)) for u, d in opened if d is not this),
                     server.server_capabilities.position_encoding or types.PositionEncodingKind.Utf16,
                     server.settings, tuple(server.workspace_roots), server.host.template(), server.host.remote,
                     server.indexing.indexer is not None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lsprotocol import types
 
-from lsp_server.cursor import open_document
+from lsp_server.snapshot import open_document
 from lsp_server.documents import Document
 
 METHOD = types.TEXT_DOCUMENT_DID_CHANGE

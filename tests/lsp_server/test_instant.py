@@ -121,7 +121,7 @@ async def test_a_keystroke_that_leaves_the_suggestion_stops_its_background_gener
     assert (await other).text == "x = a + 1"  # the new prompt's own answer, early again
     await host.advance(len(TEXT) - len("x = a + 1\n"))  # its background ends
     await asyncio.gather(*svc._background)
-    assert host.calls == [BLOCK, BLOCK + "pass\n    "] and svc.cache and list(svc.cache.values()) == [TEXT]
+    assert host.calls == [BLOCK, BLOCK + "pass\n    "] and list(svc.answers.cache.values()) == [TEXT]
 
 
 class PrefillHost(FakeHost):

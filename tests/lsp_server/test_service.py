@@ -325,10 +325,10 @@ async def test_closed_documents_leave_nothing_behind_and_open_ones_are_bounded(t
         uri = f"file:///w/{n}.py"
         assert await svc.complete(request(prefix=body + f"def f{n}():\n    ", uri=uri)) is not None
         svc.forget(uri)
-    assert not svc.last and not svc.latest
+    assert not svc.answers.last and not svc.latest
     for n in range(MAX_DOCUMENTS + 20):
         await svc.complete(request(prefix=body + f"def g{n}():\n    ", uri=f"file:///w/{n}.py"))
-    assert len(svc.last) == MAX_DOCUMENTS and "file:///w/0.py" not in svc.last  # the least recent went first
+    assert len(svc.answers.last) == MAX_DOCUMENTS and "file:///w/0.py" not in svc.answers.last  # the least recent went first
 
 
 @pytest.mark.parametrize("change", [{"topP": 0.5, "temperature": 0.7}, {"maxPrefixTokens": 256},
