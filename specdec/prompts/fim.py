@@ -130,8 +130,10 @@ def build(tokenizer, template: FimTemplate, prefix: str, suffix: str, path: str 
         before_prefix = head + special(template.prefix)
         body = special(template.prefix) + prefix_ids + special(template.suffix) + suffix_ids
     tail = special(template.middle) if template.middle else []
-    lines_above = len(encode(prefix_text[: prefix_text.rfind("\n") + 1]))
-    stable = len(before_prefix) + max(0, min(lines_above, len(prefix_ids)) - 2)
+    # the ids before the cursor's line: all but the line's own (encoded alone, it costs the line, not the prefix;
+    # where the split differs at the line break the margin takes it, and a miss only costs a recomputed token)
+    lines_above = len(prefix_ids) - len(encode(prefix_text[prefix_text.rfind("\n") + 1 :]))
+    stable = len(before_prefix) + max(0, lines_above - 2)
     return FimPrompt(head + body + tail, len(prefix_ids), len(suffix_ids), stable)
 
 
